@@ -1,0 +1,4 @@
+//! The numakv command-line tool (bench, repro).
+//!
+//! Placeholder crate: the workspace layout of DESIGN.md §1 exists from the start so that the
+//! dependency direction is fixed early. Its contents arrive with issues 3 and 4.

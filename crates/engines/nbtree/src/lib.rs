@@ -1,0 +1,4 @@
+//! NBTree engine (papers/nbtree.txt).
+//!
+//! Placeholder crate: the workspace layout of DESIGN.md §1 exists from the start so that the
+//! dependency direction is fixed early. Its contents arrive with issue 5.

@@ -1,0 +1,4 @@
+//! The Index / Engine traits, the error contract and the shared testkit.
+//!
+//! Placeholder crate: the workspace layout of DESIGN.md §1 exists from the start so that the
+//! dependency direction is fixed early. Its contents arrive with issue 3.

@@ -1,0 +1,4 @@
+//! The facade users depend on: Store::create/open, EngineKind, dyn Index.
+//!
+//! Placeholder crate: the workspace layout of DESIGN.md §1 exists from the start so that the
+//! dependency direction is fixed early. Its contents arrive with issue 3.

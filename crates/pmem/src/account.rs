@@ -1,0 +1,531 @@
+//! Access accounting and latency emulation.
+//!
+//! The papers measure "PM lines read/written per operation" and "remote PM accesses" with hardware
+//! counters on Optane machines. We have neither, so every PM access goes through an accessor type
+//! ([`crate::access`]) that reports the address range here. Per thread and per operation we keep
+//! the set of distinct cache lines read and written; at the operation boundary ([`op_end`]) each
+//! distinct line counts once, as *local* when the line's node equals the thread's node
+//! ([`numakv_numa::current_node`]) and *remote* otherwise. Flushes and fences are counted as issued.
+//!
+//! When both accounting and latency emulation are off the whole cost is one relaxed load of a
+//! global flag and a predicted branch per access (measured by the `accounting` criterion bench).
+//!
+//! Latency emulation adds a busy-wait on the *first* touch of a line within an operation, with the
+//! per-access figures of a [`LatencyModel`] (e.g. [`LatencyModel::OPTANE`]).
+
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::persist::lines;
+
+const FLAG_ACCOUNT: u8 = 1;
+const FLAG_LATENCY: u8 = 2;
+
+/// Bit set of what the hot path must do: `FLAG_ACCOUNT | FLAG_LATENCY`. Zero means "nothing".
+static FLAGS: AtomicU8 = AtomicU8::new(0);
+
+/// Turns accounting on or off for the whole process (all pools, all threads).
+pub fn set_enabled(on: bool) {
+    // ORDERING: Relaxed; the flag only decides whether statistics are gathered, it guards no data.
+    if on {
+        FLAGS.fetch_or(FLAG_ACCOUNT, Ordering::Relaxed);
+    } else {
+        FLAGS.fetch_and(!FLAG_ACCOUNT, Ordering::Relaxed);
+    }
+}
+
+/// Whether accounting is on.
+pub fn enabled() -> bool {
+    FLAGS.load(Ordering::Relaxed) & FLAG_ACCOUNT != 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Latency model
+// ---------------------------------------------------------------------------------------------
+
+/// Extra nanoseconds charged to the first read or write of a PM line within an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LatencyModel {
+    /// Read of a line on the thread's own node.
+    pub read_local_ns: u32,
+    /// Read of a line on another node.
+    pub read_remote_ns: u32,
+    /// Write of a line on the thread's own node.
+    pub write_local_ns: u32,
+    /// Write of a line on another node.
+    pub write_remote_ns: u32,
+}
+
+impl LatencyModel {
+    /// No emulated latency (the default).
+    pub const NONE: LatencyModel =
+        LatencyModel { read_local_ns: 0, read_remote_ns: 0, write_local_ns: 0, write_remote_ns: 0 };
+    /// Optane DC PMM per-access latencies measured in papers/nstore.txt §II-A1:
+    /// local/remote read 113/181 ns, local/remote write 311/497 ns.
+    pub const OPTANE: LatencyModel = LatencyModel {
+        read_local_ns: 113,
+        read_remote_ns: 181,
+        write_local_ns: 311,
+        write_remote_ns: 497,
+    };
+
+    /// True when every figure is zero.
+    pub fn is_none(&self) -> bool {
+        *self == Self::NONE
+    }
+
+    /// Ratio of remote to local read latency (NStore's RAF weight, papers/nstore.txt eq. 1);
+    /// 1.0 for the `none` model.
+    pub fn remote_read_ratio(&self) -> f64 {
+        if self.read_local_ns == 0 {
+            1.0
+        } else {
+            f64::from(self.read_remote_ns) / f64::from(self.read_local_ns)
+        }
+    }
+}
+
+impl FromStr for LatencyModel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" => Ok(Self::NONE),
+            "optane" => Ok(Self::OPTANE),
+            other => Err(format!("unknown latency model {other:?} (choices: none, optane)")),
+        }
+    }
+}
+
+impl fmt::Display for LatencyModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == Self::NONE {
+            f.write_str("none")
+        } else if *self == Self::OPTANE {
+            f.write_str("optane")
+        } else {
+            write!(
+                f,
+                "read {}/{} ns, write {}/{} ns (local/remote)",
+                self.read_local_ns, self.read_remote_ns, self.write_local_ns, self.write_remote_ns
+            )
+        }
+    }
+}
+
+static LATENCY: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Installs a latency model for the whole process; [`LatencyModel::NONE`] turns emulation off.
+pub fn set_latency(model: LatencyModel) {
+    let reads = u64::from(model.read_local_ns) | (u64::from(model.read_remote_ns) << 32);
+    let writes = u64::from(model.write_local_ns) | (u64::from(model.write_remote_ns) << 32);
+    // ORDERING: Relaxed; a thread that sees the flag before the figures charges a stale
+    // latency for a few accesses, which is harmless for an emulation knob.
+    LATENCY[0].store(reads, Ordering::Relaxed);
+    LATENCY[1].store(writes, Ordering::Relaxed);
+    if model.is_none() {
+        FLAGS.fetch_and(!FLAG_LATENCY, Ordering::Relaxed);
+    } else {
+        FLAGS.fetch_or(FLAG_LATENCY, Ordering::Relaxed);
+    }
+}
+
+/// The installed latency model.
+pub fn latency() -> LatencyModel {
+    let r = LATENCY[0].load(Ordering::Relaxed);
+    let w = LATENCY[1].load(Ordering::Relaxed);
+    LatencyModel {
+        read_local_ns: r as u32,
+        read_remote_ns: (r >> 32) as u32,
+        write_local_ns: w as u32,
+        write_remote_ns: (w >> 32) as u32,
+    }
+}
+
+fn spin_for(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let until = Instant::now() + Duration::from_nanos(ns);
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Address → node map of the mapped pools
+// ---------------------------------------------------------------------------------------------
+
+/// One mapped node file: `[start, end)` belongs to `node`.
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    start: usize,
+    end: usize,
+    node: usize,
+}
+
+static REGIONS: Mutex<Vec<(u64, Region)>> = Mutex::new(Vec::new());
+/// Bumped whenever `REGIONS` changes, so per-thread caches of the last region found notice.
+static REGION_GEN: AtomicUsize = AtomicUsize::new(1);
+static NEXT_REGION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Registration of a mapped range; dropping it unregisters the range.
+#[derive(Debug)]
+pub(crate) struct RegionGuard(u64);
+
+pub(crate) fn register_region(start: usize, len: usize, node: usize) -> RegionGuard {
+    let id = NEXT_REGION_ID.fetch_add(1, Ordering::Relaxed);
+    REGIONS.lock().push((id, Region { start, end: start + len, node }));
+    // ORDERING: Release; pairs with the Acquire in `node_of`, so a thread that sees the new
+    // generation also sees the region list it belongs to (taken under the mutex anyway).
+    REGION_GEN.fetch_add(1, Ordering::Release);
+    RegionGuard(id)
+}
+
+impl Drop for RegionGuard {
+    fn drop(&mut self) {
+        REGIONS.lock().retain(|(id, _)| *id != self.0);
+        REGION_GEN.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// The node whose pool contains `addr`, or `None` for memory outside every pool.
+fn node_of(addr: usize, cache: &mut RegionCache) -> Option<usize> {
+    let gen = REGION_GEN.load(Ordering::Acquire);
+    if cache.gen == gen && cache.region.start <= addr && addr < cache.region.end {
+        return Some(cache.region.node);
+    }
+    let regions = REGIONS.lock();
+    let found = regions.iter().map(|(_, r)| *r).find(|r| r.start <= addr && addr < r.end)?;
+    cache.gen = gen;
+    cache.region = found;
+    Some(found.node)
+}
+
+#[derive(Debug)]
+struct RegionCache {
+    gen: usize,
+    region: Region,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-thread statistics
+// ---------------------------------------------------------------------------------------------
+
+/// Totals of accounted PM activity. All figures are counts; lines are distinct per operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessStats {
+    /// Operations closed with [`op_end`].
+    pub ops: u64,
+    /// Distinct lines read on the thread's own node.
+    pub reads_local: u64,
+    /// Distinct lines read on another node.
+    pub reads_remote: u64,
+    /// Distinct lines written on the thread's own node.
+    pub writes_local: u64,
+    /// Distinct lines written on another node.
+    pub writes_remote: u64,
+    /// Cache-line flushes issued.
+    pub flushes: u64,
+    /// Fences issued.
+    pub fences: u64,
+}
+
+impl AccessStats {
+    /// All line reads.
+    pub fn reads(&self) -> u64 {
+        self.reads_local + self.reads_remote
+    }
+    /// All line writes.
+    pub fn writes(&self) -> u64 {
+        self.writes_local + self.writes_remote
+    }
+    /// Share of line accesses (reads and writes) that were remote, 0 when there were none.
+    pub fn remote_share(&self) -> f64 {
+        let all = self.reads() + self.writes();
+        if all == 0 {
+            0.0
+        } else {
+            (self.reads_remote + self.writes_remote) as f64 / all as f64
+        }
+    }
+    /// `self - earlier`, field by field (saturating), for "what happened between two snapshots".
+    pub fn since(&self, earlier: &AccessStats) -> AccessStats {
+        AccessStats {
+            ops: self.ops.saturating_sub(earlier.ops),
+            reads_local: self.reads_local.saturating_sub(earlier.reads_local),
+            reads_remote: self.reads_remote.saturating_sub(earlier.reads_remote),
+            writes_local: self.writes_local.saturating_sub(earlier.writes_local),
+            writes_remote: self.writes_remote.saturating_sub(earlier.writes_remote),
+            flushes: self.flushes.saturating_sub(earlier.flushes),
+            fences: self.fences.saturating_sub(earlier.fences),
+        }
+    }
+    fn add(&mut self, o: &AccessStats) {
+        self.ops += o.ops;
+        self.reads_local += o.reads_local;
+        self.reads_remote += o.reads_remote;
+        self.writes_local += o.writes_local;
+        self.writes_remote += o.writes_remote;
+        self.flushes += o.flushes;
+        self.fences += o.fences;
+    }
+}
+
+/// A thread's published totals: written only by the owning thread, read by aggregators.
+#[derive(Debug, Default)]
+struct SharedCounters([AtomicU64; 7]);
+
+impl SharedCounters {
+    fn load(&self) -> AccessStats {
+        // ORDERING: Relaxed; each counter is monotonic and independently meaningful, and
+        // aggregation is a statistic, not a synchronisation point.
+        let v: [u64; 7] = std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed));
+        AccessStats {
+            ops: v[0],
+            reads_local: v[1],
+            reads_remote: v[2],
+            writes_local: v[3],
+            writes_remote: v[4],
+            flushes: v[5],
+            fences: v[6],
+        }
+    }
+    fn add(&self, s: &AccessStats) {
+        let v = [
+            s.ops,
+            s.reads_local,
+            s.reads_remote,
+            s.writes_local,
+            s.writes_remote,
+            s.flushes,
+            s.fences,
+        ];
+        for (c, x) in self.0.iter().zip(v) {
+            if x != 0 {
+                c.fetch_add(x, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Counters of threads that have exited, plus every live thread's counters.
+static ALL_THREADS: Mutex<Vec<Arc<SharedCounters>>> = Mutex::new(Vec::new());
+
+const TOUCH_READ: u8 = 1;
+const TOUCH_WRITE: u8 = 2;
+/// An operation touching more distinct lines than this is closed early (its lines counted, no op
+/// counted), bounding the linear de-duplication below.
+const MAX_LINES_PER_OP: usize = 4096;
+
+struct ThreadAcct {
+    /// Lines touched by the current operation: (line address, node or usize::MAX, TOUCH_* bits).
+    touched: Vec<(usize, usize, u8)>,
+    flushes: u64,
+    fences: u64,
+    cache: RegionCache,
+    shared: Arc<SharedCounters>,
+}
+
+impl ThreadAcct {
+    fn new() -> ThreadAcct {
+        let shared = Arc::new(SharedCounters::default());
+        ALL_THREADS.lock().push(Arc::clone(&shared));
+        ThreadAcct {
+            touched: Vec::with_capacity(64),
+            flushes: 0,
+            fences: 0,
+            cache: RegionCache { gen: 0, region: Region { start: 0, end: 0, node: 0 } },
+            shared,
+        }
+    }
+
+    fn touch(&mut self, addr: usize, len: usize, kind: u8, flags: u8) {
+        let my_node = numakv_numa::current_node();
+        for line in lines(addr, len) {
+            let Some(node) = node_of(line, &mut self.cache) else {
+                continue; // DRAM or an unmapped address: not PM, not accounted.
+            };
+            let fresh = match self.touched.iter_mut().find(|(l, _, _)| *l == line) {
+                Some(entry) => {
+                    let fresh = entry.2 & kind == 0;
+                    entry.2 |= kind;
+                    fresh
+                }
+                None => {
+                    self.touched.push((line, node, kind));
+                    true
+                }
+            };
+            if fresh && flags & FLAG_LATENCY != 0 {
+                let remote = node != my_node;
+                let word = LATENCY[usize::from(kind == TOUCH_WRITE)].load(Ordering::Relaxed);
+                let ns = if remote { word >> 32 } else { word & 0xffff_ffff };
+                spin_for(ns);
+            }
+        }
+        if self.touched.len() > MAX_LINES_PER_OP {
+            self.close(false);
+        }
+    }
+
+    fn close(&mut self, count_op: bool) {
+        let my_node = numakv_numa::current_node();
+        let mut s = AccessStats { ops: u64::from(count_op), ..AccessStats::default() };
+        for &(_, node, kinds) in &self.touched {
+            let remote = node != my_node;
+            if kinds & TOUCH_READ != 0 {
+                if remote {
+                    s.reads_remote += 1
+                } else {
+                    s.reads_local += 1
+                }
+            }
+            if kinds & TOUCH_WRITE != 0 {
+                if remote {
+                    s.writes_remote += 1
+                } else {
+                    s.writes_local += 1
+                }
+            }
+        }
+        s.flushes = std::mem::take(&mut self.flushes);
+        s.fences = std::mem::take(&mut self.fences);
+        self.touched.clear();
+        self.shared.add(&s);
+    }
+}
+
+thread_local! {
+    static ACCT: RefCell<ThreadAcct> = RefCell::new(ThreadAcct::new());
+}
+
+#[cold]
+#[inline(never)]
+fn slow_touch(addr: usize, len: usize, kind: u8, flags: u8) {
+    // try_with: accesses during thread teardown (after the TLS is gone) are simply not counted.
+    let _ = ACCT.try_with(|a| {
+        if let Ok(mut a) = a.try_borrow_mut() {
+            a.touch(addr, len, kind, flags)
+        }
+    });
+}
+
+/// Records a read of `[addr, addr + len)`. Called by the accessor types; near free when off.
+#[inline(always)]
+pub fn record_read(addr: usize, len: usize) {
+    let flags = FLAGS.load(Ordering::Relaxed);
+    if flags != 0 {
+        slow_touch(addr, len, TOUCH_READ, flags);
+    }
+}
+
+/// Records a write of `[addr, addr + len)`. Called by the accessor types; near free when off.
+#[inline(always)]
+pub fn record_write(addr: usize, len: usize) {
+    let flags = FLAGS.load(Ordering::Relaxed);
+    if flags != 0 {
+        slow_touch(addr, len, TOUCH_WRITE, flags);
+    }
+}
+
+/// Counts `n` line flushes (called by [`crate::Pool::flush`]).
+#[inline]
+pub(crate) fn record_flushes(n: usize) {
+    if FLAGS.load(Ordering::Relaxed) & FLAG_ACCOUNT != 0 {
+        let _ = ACCT.try_with(|a| {
+            if let Ok(mut a) = a.try_borrow_mut() {
+                a.flushes += n as u64
+            }
+        });
+    }
+}
+
+/// Counts a fence (called by [`crate::Pool::fence`]).
+#[inline]
+pub(crate) fn record_fence() {
+    if FLAGS.load(Ordering::Relaxed) & FLAG_ACCOUNT != 0 {
+        let _ = ACCT.try_with(|a| {
+            if let Ok(mut a) = a.try_borrow_mut() {
+                a.fences += 1
+            }
+        });
+    }
+}
+
+/// Closes the calling thread's current operation: its distinct lines are added to the thread's
+/// totals and one operation is counted. Engines' callers (the benchmark runner, the facade) call
+/// this once per index operation.
+#[inline]
+pub fn op_end() {
+    if FLAGS.load(Ordering::Relaxed) != 0 {
+        let _ = ACCT.try_with(|a| {
+            if let Ok(mut a) = a.try_borrow_mut() {
+                a.close(true)
+            }
+        });
+    }
+}
+
+/// Forgets the lines touched so far by the calling thread's open operation (e.g. set-up work
+/// that should not count), without counting an operation.
+pub fn op_discard() {
+    let _ = ACCT.try_with(|a| {
+        if let Ok(mut a) = a.try_borrow_mut() {
+            a.touched.clear();
+            a.flushes = 0;
+            a.fences = 0;
+        }
+    });
+}
+
+/// The calling thread's totals (closed operations only).
+pub fn thread_stats() -> AccessStats {
+    ACCT.try_with(|a| a.borrow().shared.load()).unwrap_or_default()
+}
+
+/// The totals of every thread that ever accounted, live or exited (closed operations only).
+pub fn global_stats() -> AccessStats {
+    let mut total = AccessStats::default();
+    for c in ALL_THREADS.lock().iter() {
+        total.add(&c.load());
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_arithmetic() {
+        let a = AccessStats {
+            ops: 2,
+            reads_local: 3,
+            reads_remote: 1,
+            writes_local: 2,
+            writes_remote: 2,
+            flushes: 1,
+            fences: 1,
+        };
+        assert_eq!(a.reads(), 4);
+        assert_eq!(a.writes(), 4);
+        assert!((a.remote_share() - 3.0 / 8.0).abs() < 1e-9);
+        assert_eq!(a.since(&a), AccessStats::default());
+        assert_eq!(AccessStats::default().remote_share(), 0.0);
+    }
+
+    #[test]
+    fn latency_models_parse_and_print() {
+        assert_eq!("optane".parse::<LatencyModel>(), Ok(LatencyModel::OPTANE));
+        assert_eq!("none".parse::<LatencyModel>(), Ok(LatencyModel::NONE));
+        assert!("dram".parse::<LatencyModel>().is_err());
+        assert_eq!(LatencyModel::OPTANE.to_string(), "optane");
+        assert!((LatencyModel::OPTANE.remote_read_ratio() - 181.0 / 113.0).abs() < 1e-9);
+    }
+}

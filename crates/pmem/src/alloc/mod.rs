@@ -1,0 +1,1 @@
+//! Allocators built on the page heap.

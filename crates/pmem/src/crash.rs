@@ -1,0 +1,1 @@
+//! eADR process-kill harness.

@@ -1,0 +1,40 @@
+//! The persistent-memory substrate of numakv.
+//!
+//! - [`Pool`]: a store's persistent memory, one file per NUMA node (or anonymous memory), with a
+//!   validated, checksummed header, engine root slots and a clean-shutdown flag.
+//! - [`PPtr`]: position-independent persistent pointers (node | offset).
+//! - Persistence: [`PersistMode`] ADR / eADR, [`Pool::flush`] / [`Pool::fence`] /
+//!   [`Pool::persist`] with the flush instruction chosen by CPUID.
+//! - Crash simulation: ADR shadow mode ([`SimMode::Shadow`], [`Pool::crash`]) and an eADR
+//!   process-kill harness ([`crash`]).
+//! - [`account`]: PM lines read/written per operation, local vs remote, flushes and fences,
+//!   and latency emulation ([`LatencyModel`]).
+//! - [`access`]: the accessor types PM structures are built from.
+//! - [`heap`] and [`alloc`]: the page heap, NSM, Calloc, a naive bump allocator, and epoch-based
+//!   reclamation.
+//!
+//! Formats and invariants are specified in `docs/design.md`.
+
+pub mod access;
+pub mod account;
+pub mod alloc;
+pub mod crash;
+mod error;
+pub mod heap;
+pub mod layout;
+mod map;
+pub mod persist;
+mod pool;
+mod pptr;
+pub mod shadow;
+
+pub use access::{PmBytes, PmType, PmU16, PmU32, PmU64, PmU8};
+pub use account::{AccessStats, LatencyModel};
+pub use error::{PoolError, Result};
+pub use layout::{EngineId, Header, ROOT_SLOTS};
+pub use map::MapKind;
+pub use numakv_numa as numa;
+pub use persist::{PersistMode, LINE};
+pub use pool::{node_path, OpenConfig, Pool, PoolConfig, SimMode, DEFAULT_PAGE_SIZE, LOCK_FILE};
+pub use pptr::PPtr;
+pub use shadow::{CrashOptions, CrashReport};

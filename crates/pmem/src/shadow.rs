@@ -1,0 +1,299 @@
+//! ADR shadow mode: power-failure simulation at cache-line granularity.
+//!
+//! The pool's working memory is a private (copy-on-write) mapping of each node file; the file's
+//! shared mapping is the *durable image*. A flush captures the line's current 64 bytes into the
+//! flushing thread's pending list; the thread's next fence copies its pending lines into the image.
+//! A crash ([`Pool::crash`](crate::Pool::crash)) freezes the image, optionally after
+//! - applying each still-pending (flushed, not yet fenced) line with probability
+//!   `pending_survival` — such a line may or may not have reached the persistence domain — and
+//! - copying each dirty line (working ≠ image) with probability `dirty_eviction` — the cache may
+//!   have evicted it on its own;
+//!
+//! and abandons the working memory. Reopening the store then sees exactly the crashed image.
+//! In eADR mode every globally visible store is durable, so a crash copies the whole working memory.
+//!
+//! Crashes can also be scheduled: [`Pool::crash_after_fences`](crate::Pool::crash_after_fences)
+//! crashes at the N-th fence from now, so a test can crash at every persistence point of an
+//! operation.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::map::Mapping;
+use crate::persist::LINE;
+
+/// How a simulated crash treats state that was not yet durable.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CrashOptions {
+    /// Probability that a flushed but unfenced line reaches the image anyway.
+    pub pending_survival: f64,
+    /// Probability that a dirty (modified, not persisted) line was evicted to the image.
+    pub dirty_eviction: f64,
+    /// Seed of the random choices, so a failing crash can be replayed.
+    pub seed: u64,
+}
+
+impl CrashOptions {
+    /// Only fenced lines survive: the strictest ADR power failure.
+    pub const STRICT: CrashOptions =
+        CrashOptions { pending_survival: 0.0, dirty_eviction: 0.0, seed: 0 };
+
+    /// Random survival of pending lines and random eviction of dirty lines, both with
+    /// probability one half, from `seed`.
+    pub fn random(seed: u64) -> CrashOptions {
+        CrashOptions { pending_survival: 0.5, dirty_eviction: 0.5, seed }
+    }
+}
+
+impl Default for CrashOptions {
+    fn default() -> Self {
+        Self::STRICT
+    }
+}
+
+/// One captured line: node, line offset in the node file, contents at flush time.
+struct PendingLine {
+    node: usize,
+    offset: usize,
+    data: [u8; LINE],
+}
+
+/// What a finished crash did, for tests and logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CrashReport {
+    /// Flushed-but-unfenced lines that were applied.
+    pub pending_applied: usize,
+    /// Flushed-but-unfenced lines that were dropped.
+    pub pending_dropped: usize,
+    /// Dirty lines copied to the image.
+    pub dirty_evicted: usize,
+    /// Dirty lines lost.
+    pub dirty_lost: usize,
+}
+
+pub(crate) struct Shadow {
+    /// Per node: the shared mapping of the file, i.e. the durable image.
+    images: Vec<Mapping>,
+    /// Per dense thread id: lines flushed and not yet fenced.
+    pending: Box<[Mutex<Vec<PendingLine>>]>,
+    /// Serialises image updates against a crash freezing the image.
+    image_lock: Mutex<()>,
+    frozen: AtomicBool,
+    /// Fences left before a scheduled crash; negative when none is scheduled.
+    countdown: AtomicI64,
+    scheduled: Mutex<CrashOptions>,
+    crashes: AtomicU64,
+    eadr: bool,
+}
+
+impl std::fmt::Debug for Shadow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shadow")
+            .field("nodes", &self.images.len())
+            .field("frozen", &self.frozen.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Copies one line from `src` to `dst` with 8-byte atomic loads, so that reading a line another
+/// thread is writing is not a data race (all PM writers use atomics or guarded byte views).
+///
+/// # Safety
+/// Both pointers must be 64-byte aligned and valid for 64 bytes.
+unsafe fn copy_line(src: *const u8, dst: *mut u8) {
+    for w in 0..LINE / 8 {
+        // SAFETY: aligned, in-bounds words per the caller's contract; AtomicU64 has the layout
+        // of u64.
+        unsafe {
+            let v = (*(src.add(w * 8) as *const AtomicU64)).load(Ordering::Relaxed);
+            (*(dst.add(w * 8) as *const AtomicU64)).store(v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Reads one line into a buffer, as `copy_line`.
+///
+/// # Safety
+/// `src` must be 64-byte aligned and valid for 64 bytes.
+unsafe fn read_line(src: *const u8) -> [u8; LINE] {
+    let mut out = [0u8; LINE];
+    for w in 0..LINE / 8 {
+        // SAFETY: per the caller's contract.
+        let v = unsafe { (*(src.add(w * 8) as *const AtomicU64)).load(Ordering::Relaxed) };
+        out[w * 8..w * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    out
+}
+
+impl Shadow {
+    pub(crate) fn new(images: Vec<Mapping>, eadr: bool) -> Shadow {
+        let pending = (0..numakv_numa::MAX_THREADS).map(|_| Mutex::new(Vec::new())).collect();
+        Shadow {
+            images,
+            pending,
+            image_lock: Mutex::new(()),
+            frozen: AtomicBool::new(false),
+            countdown: AtomicI64::new(-1),
+            scheduled: Mutex::new(CrashOptions::STRICT),
+            crashes: AtomicU64::new(0),
+            eadr,
+        }
+    }
+
+    pub(crate) fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::Acquire)
+    }
+
+    /// Captures the lines of `[offset, offset+len)` of `node`'s working memory at `work_base`.
+    pub(crate) fn capture(&self, node: usize, work_base: *const u8, offset: usize, len: usize) {
+        if self.is_frozen() {
+            return;
+        }
+        let mut pending = self.pending[numakv_numa::tid()].lock();
+        for line in crate::persist::lines(offset, len) {
+            // SAFETY: the pool checked that the range lies inside node `node`'s mapping, whose
+            // base is 4 KiB aligned, so `line` is a 64-byte aligned in-bounds line.
+            let data = unsafe { read_line(work_base.add(line)) };
+            pending.push(PendingLine { node, offset: line, data });
+        }
+    }
+
+    /// The calling thread's fence: its pending lines reach the image. Returns true when this
+    /// fence triggered a scheduled crash.
+    pub(crate) fn fence(&self, work: &[*const u8]) -> bool {
+        let lines = std::mem::take(&mut *self.pending[numakv_numa::tid()].lock());
+        if !lines.is_empty() {
+            let _g = self.image_lock.lock();
+            if !self.is_frozen() {
+                for l in &lines {
+                    let img = &self.images[l.node];
+                    // SAFETY: `l.offset` is an aligned line inside the node file, which both
+                    // mappings cover entirely; the image lock excludes a concurrent crash.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            l.data.as_ptr(),
+                            img.ptr().add(l.offset),
+                            LINE,
+                        )
+                    };
+                }
+            }
+        }
+        // A scheduled crash fires on the fence that brings the countdown from 1 to 0.
+        // ORDERING: AcqRel on the countdown so exactly one thread observes the 1 → 0 step.
+        if self.countdown.load(Ordering::Relaxed) > 0
+            && self.countdown.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            let opts = *self.scheduled.lock();
+            self.crash(work, opts);
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn schedule(&self, fences: u64, opts: CrashOptions) {
+        *self.scheduled.lock() = opts;
+        self.countdown.store(fences.min(i64::MAX as u64) as i64, Ordering::Release);
+    }
+
+    pub(crate) fn cancel_scheduled(&self) {
+        self.countdown.store(-1, Ordering::Release);
+    }
+
+    pub(crate) fn crashes(&self) -> u64 {
+        self.crashes.load(Ordering::Relaxed)
+    }
+
+    /// Freezes the image as a power failure would leave it. Idempotent: later calls report
+    /// nothing.
+    pub(crate) fn crash(&self, work: &[*const u8], opts: CrashOptions) -> CrashReport {
+        let _g = self.image_lock.lock();
+        if self.frozen.swap(true, Ordering::AcqRel) {
+            return CrashReport::default();
+        }
+        self.countdown.store(-1, Ordering::Release);
+        let mut rng = SmallRng::seed_from_u64(opts.seed);
+        let mut report = CrashReport::default();
+        let (pending_p, dirty_p) =
+            if self.eadr { (1.0, 1.0) } else { (opts.pending_survival, opts.dirty_eviction) };
+        for slot in self.pending.iter() {
+            for l in slot.lock().drain(..) {
+                if rng.gen_bool(pending_p) {
+                    // SAFETY: as in `fence`, under the image lock.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            l.data.as_ptr(),
+                            self.images[l.node].ptr().add(l.offset),
+                            LINE,
+                        )
+                    };
+                    report.pending_applied += 1;
+                } else {
+                    report.pending_dropped += 1;
+                }
+            }
+        }
+        for (node, img) in self.images.iter().enumerate() {
+            for_each_dirty_line(work[node], img, |off| {
+                if rng.gen_bool(dirty_p) {
+                    // SAFETY: aligned line inside both mappings, under the image lock.
+                    unsafe { copy_line(work[node].add(off), img.ptr().add(off)) };
+                    report.dirty_evicted += 1;
+                } else {
+                    report.dirty_lost += 1;
+                }
+            });
+        }
+        for img in &self.images {
+            let _ = img.sync();
+        }
+        self.crashes.fetch_add(1, Ordering::Relaxed);
+        report
+    }
+
+    /// Clean shutdown: the machine keeps running, so every modified line is eventually written
+    /// back. Copies the whole working memory into the image.
+    pub(crate) fn write_back_all(&self, work: &[*const u8]) -> std::io::Result<()> {
+        let _g = self.image_lock.lock();
+        if self.is_frozen() {
+            return Ok(());
+        }
+        for slot in self.pending.iter() {
+            slot.lock().clear();
+        }
+        for (node, img) in self.images.iter().enumerate() {
+            for_each_dirty_line(work[node], img, |off| {
+                // SAFETY: aligned line inside both mappings, under the image lock.
+                unsafe { copy_line(work[node].add(off), img.ptr().add(off)) };
+            });
+            img.sync()?;
+        }
+        Ok(())
+    }
+}
+
+/// Calls `f(offset)` for every line whose working contents differ from the image. Whole 4 KiB
+/// pages are compared first so that clean pages cost one `memcmp`.
+fn for_each_dirty_line(work: *const u8, img: &Mapping, mut f: impl FnMut(usize)) {
+    const PAGE: usize = 4096;
+    for page in (0..img.len()).step_by(PAGE) {
+        let chunk = PAGE.min(img.len() - page);
+        // SAFETY: both mappings cover the whole file. A racing writer can only make this coarse
+        // filter report "different", after which lines are re-read with atomic words.
+        let same =
+            unsafe { libc::memcmp(work.add(page).cast(), img.ptr().add(page).cast(), chunk) == 0 };
+        if same {
+            continue;
+        }
+        for off in (page..page + chunk).step_by(LINE) {
+            // SAFETY: aligned lines inside both mappings.
+            let (cur, old) = unsafe { (read_line(work.add(off)), read_line(img.ptr().add(off))) };
+            if cur != old {
+                f(off);
+            }
+        }
+    }
+}
