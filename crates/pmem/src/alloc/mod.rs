@@ -1,1 +1,56 @@
-//! Allocators built on the page heap.
+//! Allocators built on the page heap ([`crate::heap`]):
+//!
+//! - [`nsm`]: NOBtree's NUMA-aware NVM storage manager (papers/nobtree.txt §III-E, Algorithm 1);
+//! - [`calloc`]: NBTree's cache-crafty persistent allocator (papers/nbtree.txt §III-C);
+//! - [`naive`]: a bump allocator without crash consistency or reuse, the performance ceiling of
+//!   papers/nbtree.txt Fig. 15.
+//!
+//! Freed blocks are never handed out while a reader may still hold them: engines free through
+//! [`retire`], which defers the free until an epoch grace period (crossbeam-epoch) has passed.
+
+pub mod calloc;
+pub mod naive;
+pub mod nsm;
+
+use std::sync::Arc;
+
+pub use crossbeam_epoch as epoch;
+
+use crate::error::Result;
+use crate::pool::Pool;
+use crate::pptr::PPtr;
+
+/// What every PM allocator offers engines.
+pub trait PmAllocator: Send + Sync + 'static {
+    /// Allocates a block of at least `size` bytes, 64-byte aligned when `size ≥ 64`, placed as
+    /// the allocator's policy says. Contents are unspecified (may be stale after a crash).
+    fn alloc(&self, size: usize) -> Result<PPtr>;
+
+    /// Returns a block now.
+    ///
+    /// # Safety
+    /// `p` must have come from this allocator's `alloc`, not be freed twice, and no thread may
+    /// access it any more — use [`retire`] when lock-free readers might.
+    unsafe fn free(&self, p: PPtr) -> Result<()>;
+
+    /// The pool the allocator lives in.
+    fn pool(&self) -> &Arc<Pool>;
+}
+
+/// Frees `p` once every thread pinned now has unpinned: a lock-free reader that found `p`
+/// before it was unlinked can finish reading it, and the block is not reused under it.
+///
+/// # Safety
+/// `p` must have been allocated by `alloc`, already be unreachable for new readers, and not be
+/// retired or freed again.
+pub unsafe fn retire<A: PmAllocator>(alloc: &Arc<A>, guard: &epoch::Guard, p: PPtr) {
+    let alloc = Arc::clone(alloc);
+    // SAFETY: the closure is 'static and Send (Arc + Copy data); crossbeam runs it after the
+    // grace period, when, per the caller's contract, nobody can reach `p`.
+    guard.defer(move || {
+        // SAFETY: the caller's contract makes this the one free of `p`, after all readers left.
+        // A failing free (e.g. the pool crashed meanwhile) is dropped: a deferred function has
+        // nobody to report to, and recovery reclaims the block.
+        let _ = unsafe { alloc.free(p) };
+    });
+}

@@ -1,0 +1,1 @@
+//! NBTree Calloc (papers/nbtree.txt §III-C). Being written.

@@ -1,0 +1,1 @@
+//! NOBtree NSM (papers/nobtree.txt §III-E). Being written.
