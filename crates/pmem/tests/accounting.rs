@@ -1,0 +1,318 @@
+//! Access accounting and latency emulation: distinct PM lines per operation, local vs remote,
+//! flushes and fences, and the emulated latency of first touches.
+//!
+//! The switches are process-global, so every test holds `LOCK` for its whole run and turns
+//! everything off again when it ends (also when it fails).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use numakv_pmem::account::{self, AccessStats, LatencyModel};
+use numakv_pmem::heap::OWNER_ENGINE;
+use numakv_pmem::numa::set_current_node;
+use numakv_pmem::{EngineId, PPtr, PersistMode, PmU64, Pool, PoolConfig, LINE};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// Holds the global lock; switches accounting and latency off when dropped.
+struct Serial(#[allow(dead_code)] MutexGuard<'static, ()>);
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        account::set_enabled(false);
+        account::set_latency(LatencyModel::NONE);
+        account::op_discard();
+    }
+}
+
+fn serial(accounting: bool) -> Serial {
+    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    account::set_latency(LatencyModel::NONE);
+    account::set_enabled(accounting);
+    set_current_node(0);
+    account::op_discard();
+    Serial(g)
+}
+
+/// A 2-node volatile pool with a 2-page extent on each node; returns (pool, [node 0, node 1]).
+fn pool(mode: PersistMode) -> (Arc<Pool>, [PPtr; 2]) {
+    let mut c = PoolConfig::new(EngineId::new("accounting", 1), 2 << 20);
+    c.nodes = 2;
+    c.page_size = 64 << 10;
+    c.mode = mode;
+    let pool = Pool::volatile(c).unwrap();
+    let a = pool.alloc_pages(0, 6, OWNER_ENGINE, 0).unwrap();
+    let b = pool.alloc_pages(1, 6, OWNER_ENGINE, 0).unwrap();
+    assert_eq!((a.node(), b.node()), (0, 1));
+    (pool, [a, b])
+}
+
+fn at(p: PPtr, bytes: u64) -> PPtr {
+    p.add(bytes).unwrap()
+}
+
+/// Runs `f` as one operation (set-up traffic discarded first) and returns what it counted.
+fn one_op(f: impl FnOnce()) -> AccessStats {
+    account::op_discard();
+    let before = account::thread_stats();
+    f();
+    account::op_end();
+    account::thread_stats().since(&before)
+}
+
+fn stats(ops: u64, rl: u64, rr: u64, wl: u64, wr: u64) -> AccessStats {
+    AccessStats {
+        ops,
+        reads_local: rl,
+        reads_remote: rr,
+        writes_local: wl,
+        writes_remote: wr,
+        flushes: 0,
+        fences: 0,
+    }
+}
+
+#[test]
+fn two_words_in_one_line_are_one_line_read() {
+    let _s = serial(true);
+    let (pool, [p0, _]) = pool(PersistMode::Adr);
+    let s = one_op(|| {
+        let a: &PmU64 = pool.get(p0).unwrap();
+        let b: &PmU64 = pool.get(at(p0, 56)).unwrap();
+        a.load(Ordering::Acquire);
+        b.load(Ordering::Acquire);
+    });
+    assert_eq!(s, stats(1, 1, 0, 0, 0));
+    // The neighbouring line is another line.
+    let s = one_op(|| {
+        pool.get::<PmU64>(at(p0, 56)).unwrap().load(Ordering::Acquire);
+        pool.get::<PmU64>(at(p0, 64)).unwrap().load(Ordering::Acquire);
+    });
+    assert_eq!(s, stats(1, 2, 0, 0, 0));
+}
+
+#[test]
+fn a_range_spanning_three_lines_counts_three() {
+    let _s = serial(true);
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    let bytes = pool.bytes(p0, 4 * LINE).unwrap();
+    let mut buf = [0u8; 70];
+    // SAFETY: single-threaded; nobody writes the page.
+    let s = one_op(|| assert!(unsafe { bytes.read(60, &mut buf) }));
+    assert_eq!(s, stats(1, 3, 0, 0, 0));
+    // Exactly one line, and exactly two (an aligned 128-byte range).
+    // SAFETY: as above.
+    let s = one_op(|| assert!(unsafe { bytes.read(64, &mut buf[..64]) }));
+    assert_eq!(s, stats(1, 1, 0, 0, 0));
+    let remote = pool.bytes(p1, 4 * LINE).unwrap();
+    // SAFETY: as above.
+    let s = one_op(|| assert!(unsafe { remote.fill(0, 2 * LINE, 7) }));
+    assert_eq!(s, stats(1, 0, 0, 0, 2));
+}
+
+#[test]
+fn node_one_lines_are_remote_for_a_node_zero_thread() {
+    let _s = serial(true);
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    let w0: &PmU64 = pool.get(p0).unwrap();
+    let w1: &PmU64 = pool.get(p1).unwrap();
+    assert_eq!(one_op(|| w1.store(5, Ordering::Release)), stats(1, 0, 0, 0, 1));
+    assert_eq!(one_op(|| w0.store(5, Ordering::Release)), stats(1, 0, 0, 1, 0));
+    assert_eq!(one_op(|| _ = w1.load(Ordering::Acquire)), stats(1, 0, 1, 0, 0));
+    // A read-modify-write is a read and a write of its line.
+    assert_eq!(one_op(|| _ = w1.fetch_add(1, Ordering::AcqRel)), stats(1, 0, 1, 0, 1));
+    // The same accesses from a node-1 thread flip sides.
+    set_current_node(1);
+    assert_eq!(one_op(|| w1.store(5, Ordering::Release)), stats(1, 0, 0, 1, 0));
+    assert_eq!(one_op(|| _ = w0.load(Ordering::Acquire)), stats(1, 0, 1, 0, 0));
+    set_current_node(0);
+    let s = one_op(|| {
+        w0.load(Ordering::Acquire);
+        w1.load(Ordering::Acquire);
+        w0.store(1, Ordering::Release);
+        w1.store(1, Ordering::Release);
+    });
+    assert_eq!(s, stats(1, 1, 1, 1, 1));
+    assert!((s.remote_share() - 0.5).abs() < 1e-9);
+}
+
+#[test]
+fn op_end_closes_the_operation_and_repeats_count_once() {
+    let _s = serial(true);
+    let (pool, [p0, _]) = pool(PersistMode::Adr);
+    let w: &PmU64 = pool.get(at(p0, 128)).unwrap();
+    account::op_discard();
+    let before = account::thread_stats();
+    for _ in 0..100 {
+        w.load(Ordering::Acquire);
+    }
+    w.store(1, Ordering::Release);
+    w.store(2, Ordering::Release);
+    // Nothing is published before the operation ends.
+    assert_eq!(account::thread_stats(), before);
+    account::op_end();
+    let after_one = account::thread_stats();
+    assert_eq!(after_one.since(&before), stats(1, 1, 0, 1, 0));
+    // Each operation counts its lines afresh.
+    for _ in 0..3 {
+        w.load(Ordering::Acquire);
+        account::op_end();
+    }
+    assert_eq!(account::thread_stats().since(&after_one), stats(3, 3, 0, 0, 0));
+    // An empty operation is still an operation.
+    let s = one_op(|| {});
+    assert_eq!(s, stats(1, 0, 0, 0, 0));
+    // Discarded traffic is not counted.
+    w.load(Ordering::Acquire);
+    account::op_discard();
+    let s = one_op(|| {});
+    assert_eq!(s.reads(), 0);
+}
+
+#[test]
+fn an_operation_larger_than_the_line_cap_counts_every_line() {
+    let _s = serial(true);
+    let (pool, [p0, _]) = pool(PersistMode::Adr);
+    let n = 5000u64; // more than the 4096 distinct lines tracked per operation
+    let s = one_op(|| {
+        for i in 0..n {
+            pool.get::<PmU64>(at(p0, i * LINE as u64)).unwrap().load(Ordering::Acquire);
+        }
+    });
+    assert_eq!(s, stats(1, n, 0, 0, 0));
+}
+
+#[test]
+fn thread_deltas_and_global_totals() {
+    let _s = serial(true);
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    let global_before = account::global_stats();
+    let mine_before = account::thread_stats();
+    let theirs = std::thread::scope(|s| {
+        s.spawn(|| {
+            set_current_node(1);
+            let before = account::thread_stats();
+            for i in 0..4 {
+                pool.get::<PmU64>(at(p1, i * 64)).unwrap().load(Ordering::Acquire);
+                pool.get::<PmU64>(at(p0, 0)).unwrap().store(i, Ordering::Release);
+                account::op_end();
+            }
+            account::thread_stats().since(&before)
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(theirs, stats(4, 4, 0, 0, 4));
+    // This thread did nothing meanwhile; the global totals grew by exactly the other thread's.
+    assert_eq!(account::thread_stats(), mine_before);
+    assert_eq!(account::global_stats().since(&global_before), theirs);
+}
+
+#[test]
+fn accounting_off_counts_nothing() {
+    let _s = serial(false);
+    assert!(!account::enabled());
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    let s = one_op(|| {
+        pool.get::<PmU64>(p0).unwrap().load(Ordering::Acquire);
+        pool.get::<PmU64>(p1).unwrap().store(1, Ordering::Release);
+        pool.persist_obj(pool.get::<PmU64>(p1).unwrap());
+    });
+    assert_eq!(s, AccessStats::default());
+    account::set_enabled(true);
+    assert!(account::enabled());
+    let s = one_op(|| _ = pool.get::<PmU64>(p0).unwrap().load(Ordering::Acquire));
+    assert_eq!(s, stats(1, 1, 0, 0, 0));
+}
+
+#[test]
+fn flushes_and_fences_count_in_adr_not_in_eadr() {
+    let _s = serial(true);
+    let (adr, [a0, _]) = pool(PersistMode::Adr);
+    let w: &PmU64 = adr.get(a0).unwrap();
+    let s = one_op(|| adr.persist_obj(w));
+    assert_eq!((s.flushes, s.fences, s.ops), (1, 1, 1));
+    let s = one_op(|| {
+        adr.flush(adr.resolve(at(a0, 60)), 70); // 3 lines
+        adr.flush(adr.resolve(a0), 0); // nothing
+        adr.fence();
+        adr.fence();
+    });
+    assert_eq!((s.flushes, s.fences), (3, 2));
+
+    let (eadr, [e0, _]) = pool(PersistMode::Eadr);
+    let w: &PmU64 = eadr.get(e0).unwrap();
+    let s = one_op(|| {
+        w.store(3, Ordering::Release);
+        eadr.persist_obj(w);
+        eadr.flush(eadr.resolve(e0), 4096);
+        eadr.fence();
+    });
+    assert_eq!((s.flushes, s.fences), (0, 0), "eADR issues no flushes or fences: {s:?}");
+    assert_eq!(s.writes_local, 1);
+}
+
+/// Reads one word in each of `n` consecutive lines from `p`.
+fn read_lines(pool: &Pool, p: PPtr, n: u64) -> Duration {
+    let t = Instant::now();
+    for i in 0..n {
+        pool.get::<PmU64>(at(p, i * LINE as u64)).unwrap().load(Ordering::Acquire);
+    }
+    t.elapsed()
+}
+
+#[test]
+fn latency_emulation_charges_first_touches() {
+    let _s = serial(false);
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    const N: u64 = 200;
+    const NS: u32 = 20_000;
+    let slow = Duration::from_nanos(N * u64::from(NS));
+
+    account::set_latency(LatencyModel { read_local_ns: NS, ..LatencyModel::NONE });
+    assert_eq!(account::latency().read_local_ns, NS);
+    account::op_discard();
+    let first = read_lines(&pool, p0, N);
+    assert!(first >= slow, "{N} local first touches took {first:?}, want ≥ {slow:?}");
+    // Touched again within the same operation: not charged again.
+    let again = read_lines(&pool, p0, N);
+    assert!(again < slow / 2, "repeated touches took {again:?}");
+    // Remote lines are not charged by a local-only model.
+    let remote = read_lines(&pool, p1, N);
+    assert!(remote < slow / 2, "remote touches took {remote:?}");
+    account::op_end();
+    // A new operation pays again.
+    let next = read_lines(&pool, p0, N);
+    assert!(next >= slow, "next operation took {next:?}");
+    account::op_end();
+
+    account::set_latency(LatencyModel { read_remote_ns: NS, ..LatencyModel::NONE });
+    account::op_discard();
+    let remote = read_lines(&pool, p1, N);
+    assert!(remote >= slow, "{N} remote first touches took {remote:?}");
+    let local = read_lines(&pool, at(p0, 64 << 10), N);
+    assert!(local < slow / 2, "local touches took {local:?}");
+    account::op_end();
+
+    // Writes are charged by the write figures, once per line and operation.
+    account::set_latency(LatencyModel { write_remote_ns: NS, ..LatencyModel::NONE });
+    account::op_discard();
+    let t = Instant::now();
+    for i in 0..N {
+        let w: &PmU64 = pool.get(at(p1, (64 << 10) + i * LINE as u64)).unwrap();
+        w.store(i, Ordering::Release);
+        w.store(i + 1, Ordering::Release);
+    }
+    let writes = t.elapsed();
+    assert!(writes >= slow, "{N} remote first writes took {writes:?}");
+    assert!(writes < 2 * slow + slow / 2, "second writes of a line were charged: {writes:?}");
+    account::op_end();
+
+    account::set_latency(LatencyModel::NONE);
+    assert!(account::latency().is_none());
+    account::op_discard();
+    let none = read_lines(&pool, at(p0, 128 << 10), N);
+    account::op_end();
+    assert!(none < slow / 2, "no latency model, yet {N} reads took {none:?}");
+}
