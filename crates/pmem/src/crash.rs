@@ -154,7 +154,10 @@ impl SideFile {
         let f = OpenOptions::new().read(true).write(true).open(path)?;
         let len = f.metadata()?.len() as usize;
         if len < 8 || len % 8 != 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "side file size is not a multiple of 8"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "side file size is not a multiple of 8",
+            ));
         }
         let map = Mapping::shared(&f, len, false)?;
         Ok(SideFile { map, words: len / 8 })

@@ -218,6 +218,9 @@ impl Pool {
 
     /// Frees the extent that starts at `p`. Freeing anything else is an error, not UB.
     pub fn free_pages(&self, p: PPtr) -> Result<()> {
+        if self.has_crashed() {
+            return Err(PoolError::InvalidArgument("pool crashed; reopen it to recover".into()));
+        }
         let heap = self.heap(p.node())?;
         let bad = |why| PoolError::BadPointer { ptr: p.to_string(), why };
         let page = heap.page_of(p).ok_or_else(|| bad("not in the page heap"))?;

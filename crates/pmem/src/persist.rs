@@ -165,7 +165,7 @@ pub unsafe fn flush_instr(addr: *const u8, len: usize) {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 unsafe fn flush_line(instr: FlushInstr, p: *const u8) {
-    // SAFETY (all arms): the caller guarantees `p` is inside a live mapping; cache-line flush
+    // SAFETY: (all arms) the caller guarantees `p` is inside a live mapping; cache-line flush
     // instructions neither read nor write architectural memory state, and the matching CPUID bit
     // was checked by `FlushInstr::detect`.
     unsafe {

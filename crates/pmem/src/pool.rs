@@ -179,6 +179,22 @@ pub fn node_path(dir: &Path, node: usize) -> PathBuf {
     dir.join(format!("node{node}.pm"))
 }
 
+/// The first `node<N>.pm` in `dir` with `N ≥ nodes` (or an unparsable N), if any.
+fn stray_node_file(dir: &Path, nodes: usize) -> Result<Option<PathBuf>> {
+    let entries = fs::read_dir(dir).map_err(|e| PoolError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| PoolError::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(num) = name.strip_prefix("node").and_then(|r| r.strip_suffix(".pm")) {
+            if num.parse::<usize>().map_or(true, |n| n >= nodes) {
+                return Ok(Some(entry.path()));
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn lock_dir(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
     let f = FsOpen::new()
@@ -277,8 +293,7 @@ impl Pool {
             });
         }
         let nodes = first.node_count as usize;
-        let extra = node_path(dir, nodes);
-        if extra.exists() {
+        if let Some(extra) = stray_node_file(dir, nodes)? {
             return Err(PoolError::UnexpectedNodeFile { path: extra, nodes });
         }
         let mut files = Vec::with_capacity(nodes);
@@ -296,6 +311,7 @@ impl Pool {
                 });
             }
             let same_shape = h.node_count == first.node_count
+                && h.capacity == first.capacity
                 && h.page_size == first.page_size
                 && h.mode == first.mode
                 && h.engine == first.engine;
@@ -587,21 +603,19 @@ impl Pool {
         if self.header.mode == PersistMode::Eadr || len == 0 {
             return;
         }
+        // Only ranges inside this pool are flushed: that keeps this safe function sound for
+        // any pointer (a flush of an unmapped address would fault) and shadow capture exact.
+        // Anything else is DRAM or another pool and has nothing to persist here.
+        let Some(p) = self.pptr_of(addr) else { return };
+        let region = &self.regions[p.node()];
+        let off = p.offset() as usize;
+        let len = len.min(region.work.len() - off);
         account::record_flushes(persist::line_count(addr as usize, len));
         match &self.shadow {
-            None => {
-                // SAFETY: flushing is harmless on any mapped address; engines pass ranges of
-                // objects resolved from this pool, which stays mapped while borrowed.
-                unsafe { persist::flush_instr(addr, len) }
-            }
-            Some(s) => {
-                if let Some(p) = self.pptr_of(addr) {
-                    let region = &self.regions[p.node()];
-                    let off = p.offset() as usize;
-                    let len = len.min(region.work.len() - off);
-                    s.capture(p.node(), region.work.ptr(), off, len);
-                }
-            }
+            // SAFETY: `[addr, addr + len)` was just clamped to lie inside node `p.node()`'s
+            // mapping, which lives as long as `self`.
+            None => unsafe { persist::flush_instr(region.work.ptr().add(off), len) },
+            Some(s) => s.capture(p.node(), region.work.ptr(), off, len),
         }
     }
 

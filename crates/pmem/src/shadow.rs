@@ -16,6 +16,7 @@
 //! crashes at the N-th fence from now, so a test can crash at every persistence point of an
 //! operation.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -54,11 +55,13 @@ impl Default for CrashOptions {
     }
 }
 
-/// One captured line: node, line offset in the node file, contents at flush time.
+/// One captured line: node, line offset in the node file, contents at flush time, and the global
+/// capture sequence number that orders it against every other capture of the same line.
 struct PendingLine {
     node: usize,
     offset: usize,
     data: [u8; LINE],
+    seq: u64,
 }
 
 /// What a finished crash did, for tests and logs.
@@ -79,8 +82,16 @@ pub(crate) struct Shadow {
     images: Vec<Mapping>,
     /// Per dense thread id: lines flushed and not yet fenced.
     pending: Box<[Mutex<Vec<PendingLine>>]>,
-    /// Serialises image updates against a crash freezing the image.
-    image_lock: Mutex<()>,
+    /// Serialises image updates against a crash freezing the image, and holds, per line written
+    /// to the image, the sequence number of the capture (or eviction) that wrote it.
+    ///
+    /// Real hardware writes back a line's *current* contents, so a durable line never goes back
+    /// in time: once thread B has flushed and fenced its word in a line, thread A's older capture
+    /// of the same line (flushed before B's store, fenced after) must not overwrite it. A capture
+    /// is therefore applied only if it is newer than what the image line already holds.
+    image_lock: Mutex<HashMap<(usize, usize), u64>>,
+    /// Source of capture sequence numbers.
+    seq: AtomicU64,
     frozen: AtomicBool,
     /// Fences left before a scheduled crash; negative when none is scheduled.
     countdown: AtomicI64,
@@ -134,7 +145,8 @@ impl Shadow {
         Shadow {
             images,
             pending,
-            image_lock: Mutex::new(()),
+            image_lock: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(1),
             frozen: AtomicBool::new(false),
             countdown: AtomicI64::new(-1),
             scheduled: Mutex::new(CrashOptions::STRICT),
@@ -157,7 +169,10 @@ impl Shadow {
             // SAFETY: the pool checked that the range lies inside node `node`'s mapping, whose
             // base is 4 KiB aligned, so `line` is a 64-byte aligned in-bounds line.
             let data = unsafe { read_line(work_base.add(line)) };
-            pending.push(PendingLine { node, offset: line, data });
+            // ORDERING: Relaxed; the number only has to be unique and increase along each
+            // line's capture history, which the atomic RMW order on one counter gives.
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            pending.push(PendingLine { node, offset: line, data, seq });
         }
     }
 
@@ -166,19 +181,10 @@ impl Shadow {
     pub(crate) fn fence(&self, work: &[*const u8]) -> bool {
         let lines = std::mem::take(&mut *self.pending[numakv_numa::tid()].lock());
         if !lines.is_empty() {
-            let _g = self.image_lock.lock();
+            let mut written = self.image_lock.lock();
             if !self.is_frozen() {
                 for l in &lines {
-                    let img = &self.images[l.node];
-                    // SAFETY: `l.offset` is an aligned line inside the node file, which both
-                    // mappings cover entirely; the image lock excludes a concurrent crash.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            l.data.as_ptr(),
-                            img.ptr().add(l.offset),
-                            LINE,
-                        )
-                    };
+                    self.apply(&mut written, l);
                 }
             }
         }
@@ -192,6 +198,25 @@ impl Shadow {
             return true;
         }
         false
+    }
+
+    /// Writes a captured line to the image unless the image already holds a newer capture of it.
+    fn apply(&self, written: &mut HashMap<(usize, usize), u64>, l: &PendingLine) -> bool {
+        let last = written.entry((l.node, l.offset)).or_insert(0);
+        if *last > l.seq {
+            return false;
+        }
+        *last = l.seq;
+        // SAFETY: `l.offset` is an aligned line inside the node file, which both mappings
+        // cover entirely; the caller holds the image lock, excluding a concurrent crash.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                l.data.as_ptr(),
+                self.images[l.node].ptr().add(l.offset),
+                LINE,
+            )
+        };
+        true
     }
 
     pub(crate) fn schedule(&self, fences: u64, opts: CrashOptions) {
@@ -210,7 +235,7 @@ impl Shadow {
     /// Freezes the image as a power failure would leave it. Idempotent: later calls report
     /// nothing.
     pub(crate) fn crash(&self, work: &[*const u8], opts: CrashOptions) -> CrashReport {
-        let _g = self.image_lock.lock();
+        let mut written = self.image_lock.lock();
         if self.frozen.swap(true, Ordering::AcqRel) {
             return CrashReport::default();
         }
@@ -219,21 +244,16 @@ impl Shadow {
         let mut report = CrashReport::default();
         let (pending_p, dirty_p) =
             if self.eadr { (1.0, 1.0) } else { (opts.pending_survival, opts.dirty_eviction) };
-        for slot in self.pending.iter() {
-            for l in slot.lock().drain(..) {
-                if rng.gen_bool(pending_p) {
-                    // SAFETY: as in `fence`, under the image lock.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            l.data.as_ptr(),
-                            self.images[l.node].ptr().add(l.offset),
-                            LINE,
-                        )
-                    };
-                    report.pending_applied += 1;
-                } else {
-                    report.pending_dropped += 1;
-                }
+        // Pending lines of all threads, oldest capture first, so a surviving newer capture is
+        // never overwritten by a surviving older one.
+        let mut pending: Vec<PendingLine> =
+            self.pending.iter().flat_map(|slot| std::mem::take(&mut *slot.lock())).collect();
+        pending.sort_by_key(|l| l.seq);
+        for l in &pending {
+            if rng.gen_bool(pending_p) && self.apply(&mut written, l) {
+                report.pending_applied += 1;
+            } else {
+                report.pending_dropped += 1;
             }
         }
         for (node, img) in self.images.iter().enumerate() {
@@ -257,7 +277,7 @@ impl Shadow {
     /// Clean shutdown: the machine keeps running, so every modified line is eventually written
     /// back. Copies the whole working memory into the image.
     pub(crate) fn write_back_all(&self, work: &[*const u8]) -> std::io::Result<()> {
-        let _g = self.image_lock.lock();
+        let _written = self.image_lock.lock();
         if self.is_frozen() {
             return Ok(());
         }

@@ -58,7 +58,10 @@ fn crash_eadr_kill_keeps_unflushed_stores() {
                 Duration::from_secs(20),
             )
             .unwrap();
-        assert!(matches!(outcome, KillOutcome::Killed(_)), "round {round}: child ended early: {outcome:?}");
+        assert!(
+            matches!(outcome, KillOutcome::Killed(_)),
+            "round {round}: child ended early: {outcome:?}"
+        );
         let acked = side.word(0).unwrap().load(Ordering::Acquire);
         assert!(acked > before, "round {round}: child made no progress");
         let pool = Pool::open(&dir, OpenConfig::new(engine())).unwrap();
@@ -67,7 +70,10 @@ fn crash_eadr_kill_keeps_unflushed_stores() {
         let value = pool.get::<PmU64>(word).unwrap().load(Ordering::Acquire);
         // The store of i precedes the acknowledgement of i, so at least `acked` is there; at
         // most one store beyond the last acknowledgement can be present.
-        assert!(value == acked || value == acked + 1, "round {round}: value {value}, acked {acked}");
+        assert!(
+            value == acked || value == acked + 1,
+            "round {round}: value {value}, acked {acked}"
+        );
         // Continue counting from the recovered value in the next round.
         side.word(0).unwrap().store(value, Ordering::Release);
         pool.close().unwrap();

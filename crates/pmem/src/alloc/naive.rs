@@ -47,7 +47,7 @@ impl Naive {
             next.fetch_sub(size, Ordering::Relaxed);
             return Err(PoolError::OutOfSpace { node, requested: size });
         }
-        start.add(off).ok_or_else(|| PoolError::OutOfSpace { node, requested: size })
+        start.add(off).ok_or(PoolError::OutOfSpace { node, requested: size })
     }
 
     /// Bytes handed out on `node`.
