@@ -43,14 +43,21 @@ pub trait PmAllocator: Send + Sync + 'static {
 /// # Safety
 /// `p` must have been allocated by `alloc`, already be unreachable for new readers, and not be
 /// retired or freed again.
+///
+/// The deferred function holds only a `Weak` reference: a pending free must not keep the
+/// allocator — and through it the pool and its store lock — alive after the engine is dropped
+/// (e.g. after a simulated crash, when the test reopens the store). If the allocator is gone when
+/// the grace period ends, the free is skipped and the block is reclaimed by the next recovery.
 pub unsafe fn retire<A: PmAllocator>(alloc: &Arc<A>, guard: &epoch::Guard, p: PPtr) {
-    let alloc = Arc::clone(alloc);
-    // SAFETY: the closure is 'static and Send (Arc + Copy data); crossbeam runs it after the
+    let alloc = Arc::downgrade(alloc);
+    // SAFETY: the closure is 'static and Send (Weak + Copy data); crossbeam runs it after the
     // grace period, when, per the caller's contract, nobody can reach `p`.
     guard.defer(move || {
-        // SAFETY: the caller's contract makes this the one free of `p`, after all readers left.
-        // A failing free (e.g. the pool crashed meanwhile) is dropped: a deferred function has
-        // nobody to report to, and recovery reclaims the block.
-        let _ = unsafe { alloc.free(p) };
+        if let Some(alloc) = alloc.upgrade() {
+            // SAFETY: the caller's contract makes this the one free of `p`, after all readers
+            // left. A failing free (e.g. the pool crashed meanwhile) is dropped: a deferred
+            // function has nobody to report to, and recovery reclaims the block.
+            let _ = unsafe { alloc.free(p) };
+        }
     });
 }
