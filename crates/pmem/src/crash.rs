@@ -40,6 +40,19 @@ use crate::map::Mapping;
 /// Environment variable that marks a child process and carries its argument.
 pub const CHILD_ENV: &str = "NUMAKV_CRASH_CHILD";
 
+/// Environment variable that scales stress and crash tests (rounds, keys, threads' work).
+pub const SCALE_ENV: &str = "NUMAKV_TEST_SCALE";
+
+/// The stress/crash test size factor: `NUMAKV_TEST_SCALE` (a positive integer), 1 when unset or
+/// unparsable. CI runs with 1 (small, for 2 cores); soak runs use e.g. 20.
+pub fn test_scale() -> usize {
+    std::env::var(SCALE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
+}
+
 /// The argument of this process if it is a crash child, else `None`.
 pub fn child_role() -> Option<String> {
     std::env::var(CHILD_ENV).ok()

@@ -421,7 +421,7 @@ fn crash_round(mode: PersistMode, k: u64, seed: u64) -> bool {
 #[test]
 fn crash_adr_shadow_smos_leave_no_leak_and_no_double_allocation() {
     let mut fired = 0;
-    for k in 1..=100u64 {
+    for k in 1..=100 * numakv_pmem::crash::test_scale() as u64 {
         fired += u64::from(crash_round(PersistMode::Adr, k, k * 7919 + 1));
     }
     assert!(fired > 50, "most scheduled crashes must hit the workload ({fired})");
@@ -430,7 +430,7 @@ fn crash_adr_shadow_smos_leave_no_leak_and_no_double_allocation() {
 #[test]
 fn crash_eadr_shadow_smos_leave_no_leak_and_no_double_allocation() {
     let mut fired = 0;
-    for k in 1..=50u64 {
+    for k in 1..=50 * numakv_pmem::crash::test_scale() as u64 {
         fired += u64::from(crash_round(PersistMode::Eadr, k, k * 104_729 + 3));
     }
     assert!(fired > 25, "most scheduled crashes must hit the workload ({fired})");

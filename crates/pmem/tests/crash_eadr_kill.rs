@@ -48,7 +48,7 @@ fn crash_eadr_kill_keeps_unflushed_stores() {
     }
     let side = SideFile::create(&dir.join("side"), 1).unwrap();
     let harness = KillHarness::new("crash_eadr_kill_keeps_unflushed_stores");
-    for round in 0..3 {
+    for round in 0..3 * numakv_pmem::crash::test_scale() {
         let before = side.word(0).unwrap().load(Ordering::Acquire);
         let outcome = harness
             .run_until(

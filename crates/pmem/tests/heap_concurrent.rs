@@ -116,7 +116,7 @@ fn two_threads_allocate_and_free_concurrently() {
     let d = tempfile::tempdir().unwrap();
     let pool = Pool::create(d.path(), config(SimMode::Direct)).unwrap();
     let mut all = Vec::new();
-    for round in 0..3u64 {
+    for round in 0..3 * numakv_pmem::crash::test_scale() as u64 {
         let lives: Vec<Vec<(usize, Live)>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..2u64)
                 .map(|t| {
@@ -182,7 +182,7 @@ fn crashes_at_random_fences_keep_acknowledged_operations() {
     let mut model = Model::new();
     let mut fired = 0;
     let mut pending_seen = [0usize; 2];
-    for round in 0..40u64 {
+    for round in 0..40 * numakv_pmem::crash::test_scale() as u64 {
         let pool = open_shadow(d.path());
         assert!(pool.was_clean(), "round {round}: the previous session was closed");
         for node in 0..NODES {
