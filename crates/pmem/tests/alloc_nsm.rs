@@ -155,7 +155,7 @@ fn concurrent_alloc_free_never_hands_out_a_block_twice() {
                 numakv_pmem::numa::set_current_node(t as usize);
                 let mut rng = SmallRng::seed_from_u64(t);
                 let mut mine: Vec<(PPtr, u64)> = Vec::new();
-                for i in 0..20_000u64 {
+                for i in 0..100_000u64 {
                     if mine.len() < 300 && rng.gen_bool(0.55) {
                         let mut size = sizes[rng.gen_range(0..sizes.len())];
                         if size == 40000 && rng.gen_bool(0.8) {
@@ -219,6 +219,28 @@ fn concurrent_alloc_free_never_hands_out_a_block_twice() {
     assert_eq!(nsm.stats().large_pages, [0, 0]);
     pool.check_heap(0).unwrap();
     pool.check_heap(1).unwrap();
+}
+
+#[test]
+fn blocks_freed_by_another_thread_flow_back_through_the_depot() {
+    let pool = volatile(8 << 20);
+    let nsm = Nsm::new(Arc::clone(&pool), NsmMode::Node(0)).unwrap();
+    // Exactly four pages of 64-byte blocks, so this thread's fresh cursor is used up.
+    let blocks: Vec<PPtr> = (0..4 * PAGE / 64).map(|_| nsm.alloc(64).unwrap()).collect();
+    let pages = pool.heap_usage(0).unwrap().0;
+    assert_eq!(pages, 4);
+    std::thread::scope(|s| {
+        s.spawn(|| blocks.iter().for_each(|&p| free(&nsm, p).unwrap()));
+    });
+    // The freeing thread keeps fewer than two batches (2 × 256 blocks); the rest went to the
+    // depot, so this thread reuses them without taking a page.
+    let owned: BTreeSet<PPtr> = blocks.iter().copied().collect();
+    let n = blocks.len() - 512;
+    let again: BTreeSet<PPtr> = (0..n).map(|_| nsm.alloc(64).unwrap()).collect();
+    assert_eq!(again.len(), n);
+    assert!(again.is_subset(&owned));
+    assert_eq!(pool.heap_usage(0).unwrap().0, pages);
+    assert_eq!(nsm.allocated_blocks(), again.into_iter().collect::<Vec<_>>());
 }
 
 // ---------------------------------------------------------------------------------------------
