@@ -675,7 +675,9 @@ impl Pool {
         Ok(s.crash(&self.work_bases(), opts))
     }
 
-    /// Schedules a crash at the `fences`-th fence from now (1 = the next fence), in any thread.
+    /// Schedules a crash during the `fences`-th fence from now (1 = the next fence), in any
+    /// thread: that fence's flushed lines are still pending and survive with
+    /// `opts.pending_survival`; 0 crashes now.
     pub fn crash_after_fences(&self, fences: u64, opts: CrashOptions) -> Result<()> {
         let s = self.shadow.as_ref().ok_or_else(|| {
             PoolError::InvalidArgument("crash simulation needs SimMode::Shadow".into())

@@ -13,8 +13,8 @@
 //! In eADR mode every globally visible store is durable, so a crash copies the whole working memory.
 //!
 //! Crashes can also be scheduled: [`Pool::crash_after_fences`](crate::Pool::crash_after_fences)
-//! crashes at the N-th fence from now, so a test can crash at every persistence point of an
-//! operation.
+//! crashes *during* the N-th fence from now (its lines still pending), so a test can crash at every
+//! persistence point of an operation, on either side of each fence.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -179,6 +179,18 @@ impl Shadow {
     /// The calling thread's fence: its pending lines reach the image. Returns true when this
     /// fence triggered a scheduled crash.
     pub(crate) fn fence(&self, work: &[*const u8]) -> bool {
+        // A scheduled crash fires *during* the fence that brings the countdown from 1 to 0: the
+        // power fails while this fence waits, so its lines are still pending and reach the image
+        // only with probability `pending_survival` — the crash lands between a flush and its
+        // fence, the window ADR protocols must tolerate.
+        // ORDERING: AcqRel on the countdown so exactly one thread observes the 1 → 0 step.
+        if self.countdown.load(Ordering::Relaxed) > 0
+            && self.countdown.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            let opts = *self.scheduled.lock();
+            self.crash(work, opts);
+            return true;
+        }
         let lines = std::mem::take(&mut *self.pending[numakv_numa::tid()].lock());
         if !lines.is_empty() {
             let mut written = self.image_lock.lock();
@@ -187,15 +199,6 @@ impl Shadow {
                     self.apply(&mut written, l);
                 }
             }
-        }
-        // A scheduled crash fires on the fence that brings the countdown from 1 to 0.
-        // ORDERING: AcqRel on the countdown so exactly one thread observes the 1 → 0 step.
-        if self.countdown.load(Ordering::Relaxed) > 0
-            && self.countdown.fetch_sub(1, Ordering::AcqRel) == 1
-        {
-            let opts = *self.scheduled.lock();
-            self.crash(work, opts);
-            return true;
         }
         false
     }

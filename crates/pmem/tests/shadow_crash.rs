@@ -211,12 +211,13 @@ fn crash_after_fences_freezes_at_the_kth_fence() {
     let (pool, _) = setup(d.path(), PersistMode::Adr);
     pool.close().unwrap();
     drop(pool);
-    for k in 0..=12u64 {
+    for (k, survival) in (0..=12u64).flat_map(|k| [(k, 0.0), (k, 1.0)]) {
         let pool = open(d.path());
         // Opening issued its own fences; the schedule counts from now.
         let r = pool.root(9).unwrap();
         assert_eq!(r.load(Ordering::Acquire), 0, "k={k}");
-        pool.crash_after_fences(k, CrashOptions::STRICT).unwrap();
+        let opts = CrashOptions { pending_survival: survival, ..CrashOptions::STRICT };
+        pool.crash_after_fences(k, opts).unwrap();
         assert_eq!(pool.has_crashed(), k == 0);
         for i in 1..=10u64 {
             r.store(i, Ordering::Release);
@@ -231,7 +232,18 @@ fn crash_after_fences_freezes_at_the_kth_fence() {
         let pool = open(d.path());
         assert!(!pool.was_clean());
         let r = pool.root(9).unwrap();
-        assert_eq!(r.load(Ordering::Acquire), k.min(10), "crash after {k} fences");
+        // The crash fires during the k-th fence: the k-th value was flushed but its fence did
+        // not complete, so it survives exactly when pending lines do.
+        let expected = match k {
+            0 => 0,
+            1..=10 if survival == 0.0 => k - 1,
+            _ => k.min(10),
+        };
+        assert_eq!(
+            r.load(Ordering::Acquire),
+            expected,
+            "crash during fence {k}, survival {survival}"
+        );
         r.store(0, Ordering::Release);
         pool.persist_obj(r);
         pool.close().unwrap();
