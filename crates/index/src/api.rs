@@ -1,0 +1,163 @@
+//! The traits every engine implements: [`Index`] (the operations, object-safe so the facade and
+//! the benchmark driver hold a `dyn Index`) and [`Engine`] (create / open-with-recovery / close on
+//! a pool).
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use numakv_pmem::{EngineId, Pool};
+
+use crate::error::{Error, Result};
+
+/// The smallest key a user may store (0 is a sentinel).
+pub const MIN_KEY: u64 = 1;
+/// The largest key a user may store (`u64::MAX` is a sentinel).
+pub const MAX_KEY: u64 = u64::MAX - 1;
+
+/// Validates a user key against the contract of DESIGN.md §2.
+#[inline]
+pub fn check_key(key: u64) -> Result<()> {
+    if (MIN_KEY..=MAX_KEY).contains(&key) {
+        Ok(())
+    } else {
+        Err(Error::InvalidKey(key))
+    }
+}
+
+/// An ordered map from `u64` keys (`1..=u64::MAX-1`) to `u64` values (any value, 0 included),
+/// safe to use from many threads at once.
+///
+/// Every operation is linearizable per key; `scan` is not a snapshot across keys (each returned
+/// pair was present at some moment during the scan, keys ascend strictly, and a key present for
+/// the whole scan is returned). A successful mutating call is durable when it returns, in the
+/// persistence mode of the store.
+pub trait Index: Send + Sync {
+    /// The engine's name as recorded in store headers (e.g. `"fastfair"`).
+    fn name(&self) -> &'static str;
+
+    /// Inserts `key → value` if `key` is absent; `false` (and no change) if present.
+    fn insert(&self, key: u64, value: u64) -> Result<bool>;
+
+    /// Inserts or overwrites `key → value`.
+    fn upsert(&self, key: u64, value: u64) -> Result<()>;
+
+    /// Overwrites the value of `key` if present; `false` (and no change) if absent.
+    fn update(&self, key: u64, value: u64) -> Result<bool>;
+
+    /// The value of `key`, if present.
+    fn get(&self, key: u64) -> Result<Option<u64>>;
+
+    /// Removes `key`; `false` if it was absent.
+    fn remove(&self, key: u64) -> Result<bool>;
+
+    /// Appends to `out` up to `max` pairs in ascending key order, starting with the first key
+    /// `≥ start` (any `start` is accepted); returns how many were appended.
+    fn scan(&self, start: u64, max: usize, out: &mut Vec<(u64, u64)>) -> Result<usize>;
+
+    /// Space and engine-specific counters.
+    fn stats(&self) -> EngineStats;
+
+    /// Structural check (fsck) of the persistent and volatile structure. Run it while no other
+    /// thread mutates the index. Fails with [`Error::Corrupted`] naming the violated invariant.
+    fn check(&self) -> Result<CheckReport>;
+}
+
+/// A concrete engine: how to create one on a fresh pool, recover one from a pool, and close it.
+///
+/// Dropping an engine without [`Engine::close`] is a crash as far as the store is concerned: the
+/// next [`Engine::open`] runs recovery.
+pub trait Engine: Index + Sized + 'static {
+    /// Engine options with the paper's constants as defaults. Options that shape the persistent
+    /// format are recorded in the store at create and read back at open (the values passed to
+    /// `open` for those are ignored); the rest apply per session.
+    type Options: Clone + Debug + Default + Send + Sync + 'static;
+
+    /// Name recorded in the pool header.
+    const NAME: &'static str;
+    /// Version of the engine's persistent format; a store of another version is refused.
+    const FORMAT_VERSION: u32;
+
+    /// The header identity of this engine.
+    fn engine_id() -> EngineId {
+        EngineId::new(Self::NAME, Self::FORMAT_VERSION)
+    }
+
+    /// Builds an empty index on a freshly created `pool` (whose header names this engine).
+    fn create(pool: Arc<Pool>, opts: &Self::Options) -> Result<Self>;
+
+    /// Opens the index stored in `pool`, recovering it if it was not closed cleanly.
+    fn open(pool: Arc<Pool>, opts: &Self::Options) -> Result<(Self, RecoveryReport)>;
+
+    /// Clean shutdown: makes everything durable and marks the store clean.
+    fn close(self) -> Result<()>;
+
+    /// The pool the index lives in.
+    fn pool(&self) -> &Arc<Pool>;
+}
+
+/// Space used and engine-specific counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Per NUMA node: PM bytes the engine holds (allocated from the pool), index = node.
+    pub pm_bytes_per_node: Vec<u64>,
+    /// DRAM bytes of volatile structures (approximate: the dominant structures).
+    pub dram_bytes: u64,
+    /// Engine-specific counters (splits, merges, migrations, GC runs, ...), name → value.
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+impl EngineStats {
+    /// Total PM bytes across nodes.
+    pub fn pm_bytes(&self) -> u64 {
+        self.pm_bytes_per_node.iter().sum()
+    }
+
+    /// The counter called `name`, if the engine reports it.
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        self.counters.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+    }
+}
+
+/// What [`Index::check`] verified.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Key/value entries found.
+    pub entries: u64,
+    /// PM blocks (allocator units) reachable from the engine's roots.
+    pub reachable_blocks: u64,
+    /// PM blocks the allocator considers allocated. Right after recovery this equals
+    /// `reachable_blocks` (no leak); during a run it may exceed it by blocks awaiting their epoch
+    /// grace period.
+    pub allocated_blocks: u64,
+}
+
+/// What [`Engine::open`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Whether the store had been closed cleanly (no repair needed).
+    pub was_clean: bool,
+    /// Wall time of the open, recovery included.
+    pub elapsed: Duration,
+    /// Engine-specific recovery counters (entries replayed, nodes repaired, blocks reclaimed, ...).
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_keys_are_refused() {
+        assert!(matches!(check_key(0), Err(Error::InvalidKey(0))));
+        assert!(matches!(check_key(u64::MAX), Err(Error::InvalidKey(u64::MAX))));
+        assert!(check_key(1).is_ok());
+        assert!(check_key(u64::MAX - 1).is_ok());
+    }
+
+    #[test]
+    fn index_is_object_safe() {
+        fn takes(_: Option<&dyn Index>) {}
+        takes(None);
+    }
+}
