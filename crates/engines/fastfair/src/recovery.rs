@@ -142,7 +142,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair,
             ("ranges_fixed", ranges_fixed),
             ("slots_repaired", c.repairs.load(Ordering::Relaxed)),
             ("orphans_linked", orphans),
-            ("blocks_reclaimed", nrec.blocks_free),
+            ("nsm_free_blocks", nrec.blocks_free),
             ("pages_reclaimed", nrec.pages_freed + nrec.large_freed),
         ],
     };
