@@ -44,26 +44,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     account::set_enabled(true);
     println!("FAST&FAIR, {mode:?}, node {node_size} B, {preload} keys preloaded, {ops} ops each, 1 thread, uniform keys");
-    println!("{:<8} {:>12} {:>12} {:>10} {:>10}", "op", "lines read", "lines written", "flushes", "fences");
-    let mut measure = |name: &str, f: &mut dyn FnMut(&mut SmallRng) -> Result<(), numakv_index::Error>| {
-        account::op_discard();
-        let before = account::thread_stats();
-        for _ in 0..ops {
-            f(&mut rng)?;
-            account::op_end();
-        }
-        let d = account::thread_stats().since(&before);
-        let per = |x: u64| x as f64 / d.ops.max(1) as f64;
-        println!(
-            "{:<8} {:>12.2} {:>12.2} {:>10.2} {:>10.2}",
-            name,
-            per(d.reads()),
-            per(d.writes()),
-            per(d.flushes),
-            per(d.fences)
-        );
-        Ok::<(), numakv_index::Error>(())
-    };
+    println!(
+        "{:<8} {:>12} {:>12} {:>10} {:>10}",
+        "op", "lines read", "lines written", "flushes", "fences"
+    );
+    let mut measure =
+        |name: &str, f: &mut dyn FnMut(&mut SmallRng) -> Result<(), numakv_index::Error>| {
+            account::op_discard();
+            let before = account::thread_stats();
+            for _ in 0..ops {
+                f(&mut rng)?;
+                account::op_end();
+            }
+            let d = account::thread_stats().since(&before);
+            let per = |x: u64| x as f64 / d.ops.max(1) as f64;
+            println!(
+                "{:<8} {:>12.2} {:>12.2} {:>10.2} {:>10.2}",
+                name,
+                per(d.reads()),
+                per(d.writes()),
+                per(d.flushes),
+                per(d.fences)
+            );
+            Ok::<(), numakv_index::Error>(())
+        };
 
     measure("search", &mut |r| {
         let k = keys[r.gen_range(0..keys.len())];

@@ -53,6 +53,19 @@ impl<'a> WriteGuard<'a> {
         }
     }
 
+    /// One attempt: the guard if the lock was free.
+    pub fn try_lock(node: Node<'a>, generation: u64) -> Option<WriteGuard<'a>> {
+        let cur = node.hdr.lock.load(Ordering::Relaxed);
+        // ORDERING: Acquire on success, as in `lock`.
+        (cur != generation
+            && node
+                .hdr
+                .lock
+                .compare_exchange(cur, generation, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok())
+        .then_some(WriteGuard { node })
+    }
+
     /// The locked node.
     #[inline]
     pub fn node(&self) -> Node<'a> {

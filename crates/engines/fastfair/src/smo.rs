@@ -164,9 +164,20 @@ impl FastFair {
             let root = self.node(root_p)?;
             if root.level() < level {
                 if root_p != from {
-                    // Another thread holds the old root's lock and is installing the new root
-                    // above it (our node is the old root's right sibling): wait for it.
-                    std::thread::yield_now();
+                    // Our node is the old root's right sibling. Normally the old root's holder
+                    // is installing the new root above it: wait. If nobody holds it (its
+                    // install failed for lack of space), install it ourselves. A try-lock only:
+                    // we hold a node to the right of the root.
+                    if let Some(rg) = WriteGuard::try_lock(root, self.generation) {
+                        let s = root.sibling();
+                        if self.root()? == root_p && !s.is_null() {
+                            let low = self.node(s)?.low();
+                            self.insert_separator(level, low, s, root_p, guard)?;
+                        }
+                        drop(rg);
+                    } else {
+                        std::thread::yield_now();
+                    }
                     continue;
                 }
                 let r = self.alloc_node()?;
@@ -204,7 +215,9 @@ impl FastFair {
     pub(crate) fn try_merge(&self, g: &WriteGuard<'_>, guard: &Guard) -> Result<()> {
         let c = g.node();
         let r_ptr = c.sibling();
-        if r_ptr.is_null() {
+        if r_ptr.is_null() || self.node(self.root()?)?.level() < 1 {
+            // No sibling, or the root split that made it is still being installed (checked
+            // before locking R: a thread installing a root may hold R and try-lock C).
             return Ok(());
         }
         let rg = WriteGuard::lock(self.node(r_ptr)?, self.generation);
@@ -218,9 +231,6 @@ impl FastFair {
             return Ok(());
         }
         let rlow = r.low();
-        if self.node(self.root()?)?.level() < 1 {
-            return Ok(()); // the root split that made R is still being installed
-        }
         let p = self.descend(1, rlow, guard)?;
         let Some(pg) = self.lock_covering(p, rlow)? else { return Ok(()) };
         let pn = pg.node();
