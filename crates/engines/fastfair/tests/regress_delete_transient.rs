@@ -84,3 +84,43 @@ fn crash_during_deletes() {
     assert!(reps.len() > 20, "{} rounds", reps.len());
     assert!(common::counter_sum(&reps, "slots_repaired") > 0, "no crash left a transient slot");
 }
+
+/// One big node (4096 bytes, 254 entries): every delete of a small key shifts ~200 entries left
+/// under readers looking for the large keys, every re-insert shifts them right again — the
+/// window where a reader scanning in the wrong direction would overtake a moving key.
+#[test]
+fn readers_inside_one_long_shifting_node() {
+    let t = Arc::new(common::volatile(4096));
+    for k in 1..=220u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        {
+            let t = Arc::clone(&t);
+            let done = &done;
+            s.spawn(move || {
+                for _ in 0..scaled(300) {
+                    for k in 1..=20u64 {
+                        t.remove(k).unwrap();
+                    }
+                    for k in (1..=20u64).rev() {
+                        t.insert(k, vk(k)).unwrap();
+                    }
+                }
+                done.store(true, Ordering::Release);
+            });
+        }
+        let t = Arc::clone(&t);
+        let done = &done;
+        s.spawn(move || {
+            let mut rng = Rng(17);
+            while !done.load(Ordering::Acquire) {
+                let k = 21 + rng.below(200);
+                assert_eq!(t.get(k).unwrap(), Some(vk(k)), "stable key {k} missed in a shift");
+            }
+        });
+    });
+    assert_eq!(t.check().unwrap().entries, 220);
+    assert_eq!(t.stats().counter("splits").unwrap(), 0, "the test needs a single leaf");
+}
