@@ -9,7 +9,7 @@
 //! Keys are `u64` in `1..=u64::MAX-1` (0 and `u64::MAX` are reserved); values are any `u64`.
 //!
 //! ```
-//! use numakv::{EngineKind, Index, Options, PersistMode, Store};
+//! use numakv::{EngineKind, Options, PersistMode, Store};
 //!
 //! let dir = tempfile::tempdir()?;
 //! let opts = Options::default().nodes(2).capacity_per_node(32 << 20).mode(PersistMode::Eadr);
@@ -47,6 +47,7 @@ pub use registry::{EngineKind, EngineOptions, OptionKey};
 pub use store::{NodeSpace, Store, StoreInfo};
 
 pub use numakv_fastfair::FastFairOptions;
+pub use numakv_index::Error as IndexError;
 pub use numakv_index::{
     check_key, CheckReport, EngineStats, Index, RecoveryReport, MAX_KEY, MIN_KEY,
 };

@@ -43,7 +43,7 @@ impl<E: Engine> DynEngine for E {
 /// the next open runs the engine's recovery.
 ///
 /// ```
-/// use numakv::{EngineKind, Index, Options, Store};
+/// use numakv::{EngineKind, Options, Store};
 ///
 /// let dir = tempfile::tempdir()?;
 /// let store = Store::create(dir.path(), EngineKind::FastFair, Options::default().capacity_per_node(16 << 20))?;

@@ -4,7 +4,7 @@
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 
-use numakv::{EngineKind, Error, Index, Options, PoolError, Store};
+use numakv::{EngineKind, Error, Options, PoolError, Store};
 use numakv_pmem::{node_path, EngineId, Pool, PoolConfig};
 
 const CAP: u64 = 16 << 20;
