@@ -1,0 +1,201 @@
+//! Lock-free searches: descent through internal nodes and point lookups in leaves.
+//!
+//! A reader never locks and never writes. At every node it
+//! 1. reads the switch counter `c1` (its bit 0 chooses the scan direction) and the high key `h1`;
+//!    a node marked DEAD sends it back to the root; `key ≥ h1` sends it to the sibling (read
+//!    after `h1`, then `h1` re-validated, so a merge that moved the sibling pointer is noticed);
+//! 2. scans the slots in the direction the last shift used — ascending after an insert (entries
+//!    move right), descending after a delete (entries move left) — skipping `HIDDEN` slots and
+//!    accepting a slot only if its key read before and after its value is the same;
+//! 3. re-reads the counter and the high key and retries the node when either changed.
+//!
+//! Why this returns exactly the stable keys with their own values: docs/design.md "FAST&FAIR".
+
+use std::sync::atomic::Ordering;
+
+use numakv_index::{Error, Result};
+use numakv_pmem::alloc::epoch::Guard;
+use numakv_pmem::PPtr;
+
+use crate::layout::{Node, END, ENGINE, HIDDEN};
+use crate::FastFair;
+
+/// Outcome of one validated node read.
+pub(crate) enum Read<R> {
+    /// `key` is at or past the node's high key: continue at this sibling.
+    Right(PPtr),
+    /// The node was merged away: restart from the root.
+    Dead,
+    /// The result of the scan, validated.
+    Done(R),
+}
+
+impl FastFair {
+    /// Runs `f(descending)` over `node` between two reads of its switch counter and high key,
+    /// retrying until neither changed; handles DEAD and move-right first.
+    #[inline]
+    pub(crate) fn stable<R>(
+        &self,
+        node: Node<'_>,
+        key: u64,
+        mut f: impl FnMut(bool) -> R,
+    ) -> Result<Read<R>> {
+        loop {
+            // ORDERING: Acquire; pairs with the Release stores of a shift, which the counter
+            // update precedes (insert.rs).
+            let c1 = node.hdr.switch.load(Ordering::Acquire);
+            if node.is_dead() {
+                return Ok(Read::Dead);
+            }
+            let h1 = node.high();
+            if key >= h1 {
+                let s = node.sibling();
+                if node.high() != h1 {
+                    self.retry();
+                    continue;
+                }
+                if s.is_null() {
+                    return Err(Error::corrupted(
+                        ENGINE,
+                        "node with a finite high key has no sibling",
+                    ));
+                }
+                return Ok(Read::Right(s));
+            }
+            let r = f(c1 & 1 == 1);
+            // ORDERING: Acquire loads of the slots above cannot be reordered after these loads.
+            let c2 = node.hdr.switch.load(Ordering::Acquire);
+            let h2 = node.high();
+            if c1 == c2 && h1 == h2 {
+                return Ok(Read::Done(r));
+            }
+            self.retry();
+        }
+    }
+
+    /// Leaf lookup in one direction (called inside [`FastFair::stable`]).
+    pub(crate) fn leaf_search(node: Node<'_>, key: u64, desc: bool) -> Option<u64> {
+        if !desc {
+            for i in 0..node.entries.len() {
+                let k = node.key(i);
+                if k == END || (k > key && k != HIDDEN) {
+                    return None;
+                }
+                if k == key {
+                    let v = node.val(i);
+                    if node.key(i) == k {
+                        return Some(v);
+                    }
+                    // Being overwritten by a smaller key: its copy is already in slot i + 1.
+                }
+            }
+            None
+        } else {
+            for i in (0..node.used()).rev() {
+                let k = node.key(i);
+                if k == HIDDEN || k == END || k > key {
+                    continue;
+                }
+                if k < key {
+                    return None;
+                }
+                let v = node.val(i);
+                if node.key(i) == k {
+                    return Some(v);
+                }
+                // Being overwritten by a larger key: its copy is already in slot i - 1.
+            }
+            None
+        }
+    }
+
+    /// Internal-node routing in one direction: the child of the largest separator `≤ key`.
+    pub(crate) fn route(node: Node<'_>, key: u64, desc: bool) -> PPtr {
+        // ORDERING: Acquire; the leftmost child is written before the node is published.
+        let mut best = node.hdr.leftmost.load(Ordering::Acquire);
+        if !desc {
+            for i in 0..node.entries.len() {
+                let k = node.key(i);
+                if k == END || (k > key && k != HIDDEN) {
+                    break;
+                }
+                if k == HIDDEN {
+                    continue;
+                }
+                let c = node.val(i);
+                if node.key(i) == k {
+                    best = c;
+                }
+            }
+        } else {
+            for i in (0..node.used()).rev() {
+                let k = node.key(i);
+                if k == HIDDEN || k == END || k > key {
+                    continue;
+                }
+                let c = node.val(i);
+                if node.key(i) == k {
+                    best = c;
+                    break;
+                }
+            }
+        }
+        PPtr::from_raw(best)
+    }
+
+    /// Lock-free descent to the node at `level` whose range holds `key` (at the time it was
+    /// read).
+    pub(crate) fn descend<'a>(&'a self, level: u32, key: u64, _guard: &Guard) -> Result<Node<'a>> {
+        'restart: loop {
+            let mut node = self.node(self.root()?)?;
+            if node.level() < level {
+                return Err(Error::corrupted(ENGINE, "descent below the root level"));
+            }
+            loop {
+                let lvl = node.level();
+                let step = self.stable(node, key, |desc| {
+                    (lvl != level).then(|| Self::route(node, key, desc))
+                })?;
+                match step {
+                    Read::Dead => {
+                        self.retry();
+                        continue 'restart;
+                    }
+                    Read::Right(p) => {
+                        node = self.node(p)?;
+                        if node.level() != lvl {
+                            return Err(Error::corrupted(ENGINE, "sibling on another level"));
+                        }
+                    }
+                    Read::Done(None) => return Ok(node),
+                    Read::Done(Some(child)) => {
+                        node = self.node(child)?;
+                        if node.level() + 1 != lvl {
+                            return Err(Error::corrupted(
+                                ENGINE,
+                                "child level is not parent level - 1",
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Point lookup.
+    pub(crate) fn lookup(&self, key: u64, guard: &Guard) -> Result<Option<u64>> {
+        'restart: loop {
+            let mut node = self.descend(0, key, guard)?;
+            loop {
+                match self.stable(node, key, |desc| Self::leaf_search(node, key, desc))? {
+                    Read::Dead => {
+                        self.retry();
+                        continue 'restart;
+                    }
+                    Read::Right(p) => node = self.node(p)?,
+                    Read::Done(v) => return Ok(v),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Helpers shared by the scenario files.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use numakv_fastfair::{FastFair, FastFairOptions};
+use numakv_index::Engine;
+use numakv_pmem::{OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
+
+pub const CAP: u64 = 64 << 20;
+
+pub fn opts(node_size: usize) -> FastFairOptions {
+    FastFairOptions { node_size, ..Default::default() }
+}
+
+pub fn pool_cfg(mode: PersistMode, sim: SimMode) -> PoolConfig {
+    let mut c = PoolConfig::new(FastFair::engine_id(), CAP);
+    c.mode = mode;
+    c.sim = sim;
+    c
+}
+
+/// A volatile ADR pool (no files).
+pub fn volatile(node_size: usize) -> FastFair {
+    let pool = Pool::volatile(pool_cfg(PersistMode::Adr, SimMode::Direct)).unwrap();
+    FastFair::create(pool, &opts(node_size)).unwrap()
+}
+
+/// A store in `dir`.
+pub fn create(dir: &Path, mode: PersistMode, sim: SimMode, node_size: usize) -> FastFair {
+    let pool = Pool::create(dir, pool_cfg(mode, sim)).unwrap();
+    FastFair::create(pool, &opts(node_size)).unwrap()
+}
+
+/// Reopens the store in `dir` (recovery included).
+pub fn reopen(dir: &Path, sim: SimMode) -> (FastFair, numakv_index::RecoveryReport) {
+    let mut c = OpenConfig::new(FastFair::engine_id());
+    c.sim = sim;
+    let pool: Arc<Pool> = Pool::open(dir, c).unwrap();
+    FastFair::open(pool, &FastFairOptions::default()).unwrap()
+}
+
+/// Small deterministic PRNG (xorshift) so tests need no seeds from outside.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+use std::collections::BTreeMap;
+
+use numakv_index::Index;
+use numakv_pmem::CrashOptions;
+
+/// One mutating operation.
+#[derive(Clone, Copy, Debug)]
+pub enum Op {
+    Insert(u64, u64),
+    Upsert(u64, u64),
+    Update(u64, u64),
+    Remove(u64),
+}
+
+impl Op {
+    pub fn key(self) -> u64 {
+        match self {
+            Op::Insert(k, _) | Op::Upsert(k, _) | Op::Update(k, _) | Op::Remove(k) => k,
+        }
+    }
+}
+
+/// Applies `op` to the model as the contract says.
+pub fn model_apply(m: &mut BTreeMap<u64, u64>, op: Op) {
+    match op {
+        Op::Insert(k, v) => {
+            m.entry(k).or_insert(v);
+        }
+        Op::Upsert(k, v) => {
+            m.insert(k, v);
+        }
+        Op::Update(k, v) => {
+            if let Some(x) = m.get_mut(&k) {
+                *x = v;
+            }
+        }
+        Op::Remove(k) => {
+            m.remove(&k);
+        }
+    }
+}
+
+/// Applies `op` to the tree, checking its answer against the model (before the op).
+pub fn tree_apply(t: &FastFair, m: &BTreeMap<u64, u64>, op: Op) {
+    match op {
+        Op::Insert(k, v) => assert_eq!(t.insert(k, v).unwrap(), !m.contains_key(&k), "{op:?}"),
+        Op::Upsert(k, v) => t.upsert(k, v).unwrap(),
+        Op::Update(k, v) => assert_eq!(t.update(k, v).unwrap(), m.contains_key(&k), "{op:?}"),
+        Op::Remove(k) => assert_eq!(t.remove(k).unwrap(), m.contains_key(&k), "{op:?}"),
+    }
+}
+
+/// A random mutating op on keys `1..=space`, values including 0 and u64::MAX.
+pub fn random_op(rng: &mut Rng, space: u64, insert_bias: u64) -> Op {
+    let k = 1 + rng.below(space);
+    let v = match rng.below(3) {
+        0 => 0,
+        1 => u64::MAX,
+        _ => rng.next(),
+    };
+    let d = rng.below(10);
+    if d < insert_bias {
+        Op::Insert(k, v)
+    } else if d < insert_bias + 1 {
+        Op::Upsert(k, v)
+    } else if d < insert_bias + 2 {
+        Op::Update(k, v)
+    } else {
+        Op::Remove(k)
+    }
+}
+
+/// Everything in the tree, by a full scan.
+pub fn contents(t: &FastFair) -> BTreeMap<u64, u64> {
+    let mut out = Vec::new();
+    t.scan(0, usize::MAX, &mut out).unwrap();
+    for w in out.windows(2) {
+        assert!(w[0].0 < w[1].0, "scan not strictly ascending: {w:?}");
+    }
+    out.into_iter().collect()
+}
+
+/// Verifies a recovered tree: `check()` passes with no leak, and its contents are the model
+/// with the pending operation either wholly absent or wholly applied; point gets agree.
+pub fn verify_recovered(t: &FastFair, model: &BTreeMap<u64, u64>, pending: Option<Op>) {
+    let r = t.check().unwrap();
+    assert_eq!(r.reachable_blocks, r.allocated_blocks, "leak or double allocation: {r:?}");
+    let got = contents(t);
+    assert_eq!(r.entries, got.len() as u64);
+    let mut after = model.clone();
+    if let Some(op) = pending {
+        model_apply(&mut after, op);
+    }
+    assert!(
+        got == *model || got == after,
+        "recovered contents are neither before nor after {pending:?}"
+    );
+    for (k, v) in &got {
+        assert_eq!(t.get(*k).unwrap(), Some(*v));
+    }
+}
+
+/// One crash round in shadow mode: a fresh store with node size `ns`, `pre` applied, then a
+/// crash armed to fire during the `fence`-th fence while `ops` run. Returns false when the ops finished before the crash
+/// fired (no more crash points). On crash: reopen, verify, run a few more ops, verify again.
+pub fn crash_round(
+    mode: PersistMode,
+    ns: usize,
+    pre: &[Op],
+    ops: &[Op],
+    fence: u64,
+    copts: CrashOptions,
+) -> Option<numakv_index::RecoveryReport> {
+    let d = tempfile::tempdir().unwrap();
+    let t = create(d.path(), mode, SimMode::Shadow, ns);
+    let mut model = BTreeMap::new();
+    for &op in pre {
+        tree_apply(&t, &model, op);
+        model_apply(&mut model, op);
+    }
+    let pool = Arc::clone(numakv_index::Engine::pool(&t));
+    pool.crash_after_fences(fence, copts).unwrap();
+    let mut pending = None;
+    for &op in ops {
+        tree_apply(&t, &model, op);
+        if pool.has_crashed() {
+            pending = Some(op);
+            break;
+        }
+        model_apply(&mut model, op);
+    }
+    if pending.is_none() {
+        pool.cancel_crash();
+        return None;
+    }
+    drop(t);
+    drop(pool);
+    let (t, rep) = reopen(d.path(), SimMode::Shadow);
+    assert!(!rep.was_clean);
+    verify_recovered(&t, &model, pending);
+    // The recovered tree keeps working.
+    let mut model = contents(&t);
+    let mut rng = Rng(fence * 7 + 1);
+    for _ in 0..200 {
+        let op = random_op(&mut rng, 2000, 5);
+        tree_apply(&t, &model, op);
+        model_apply(&mut model, op);
+    }
+    verify_recovered(&t, &model, None);
+    Some(rep)
+}
+
+/// Sum of a recovery counter over reports.
+pub fn counter_sum(reps: &[numakv_index::RecoveryReport], name: &str) -> u64 {
+    reps.iter().flat_map(|r| r.counters.iter()).filter(|c| c.0 == name).map(|c| c.1).sum()
+}
