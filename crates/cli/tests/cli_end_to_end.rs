@@ -223,6 +223,30 @@ fn scan_pages_through_large_ranges() {
 }
 
 #[test]
+fn an_unclean_store_is_recovered_by_the_next_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let opts = Options::default().capacity_per_node(32 << 20);
+    let store = Store::create(dir, EngineKind::FastFair, opts).unwrap();
+    for k in 1..=500u64 {
+        store.insert(k, k + 1).unwrap();
+    }
+    drop(store); // no close: a crash as far as the store is concerned
+
+    let run = numakv(&["check".to_string(), dir.display().to_string()]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.starts_with("note: ") && run.stderr.contains("not closed cleanly"),
+        "{run:?}"
+    );
+    assert!(run.stdout.starts_with("ok: 500 entries") && run.stdout.contains("after recovery"));
+    // check closed it cleanly.
+    let run = ok(on(dir, "inspect", &[]));
+    assert!(run.stdout.contains("clean         yes"), "{run:?}");
+    assert_eq!(ok(on(dir, "get", &["500"])).stdout, "501\n");
+}
+
+#[test]
 fn bad_keys_are_usage_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -255,11 +279,12 @@ fn unknown_engines_and_options_are_usage_errors_and_leave_nothing() {
     );
     assert!(run.stderr.contains("node_size"), "lists the options: {run:?}");
     fails(on(&dir, "create", &["--engine", "fastfair", "-o", "node_size"]), 2, "KEY=VALUE");
+    fails(on(&dir, "create", &["--engine", "fastfair", "-o", "node_size=100"]), 2, "node_size");
     fails(on(&dir, "create", &["--engine", "fastfair", "--capacity", "lots"]), 2, "invalid size");
     fails(on(&dir, "create", &["--engine", "fastfair", "--mode", "nvme"]), 2, "persistence mode");
     fails(on(&dir, "create", &["--engine", "fastfair", "--nodes", "0"]), 2, "node count");
     fails(on(&dir, "create", &["--engine", "fastfair", "--capacity", "4K"]), 2, "capacity");
-    assert!(!dir.join("node0.pm").exists());
+    assert!(!dir.exists(), "failed creates leave nothing behind");
 }
 
 #[test]

@@ -256,7 +256,10 @@ fn unknown_key(key: &str, keys: &[OptionKey]) -> String {
 
 impl EngineConfig for FastFairOptions {
     const KEYS: &'static [OptionKey] = &[
-        OptionKey { key: "node_size", help: "B+-tree node size in bytes (512 in the paper)" },
+        OptionKey {
+            key: "node_size",
+            help: "B+-tree node size in bytes, a multiple of 64 in 256..=4096 (512 in the paper)",
+        },
         OptionKey {
             key: "nsm_mode",
             help: "where tree nodes are placed: local | round-robin | node:N",

@@ -109,6 +109,7 @@ impl WithEngine for Create<'_> {
             sim: self.opts.sim,
             topology: self.opts.topology.clone(),
         };
+        let new_dir = !self.dir.exists();
         let pool = Pool::create(self.dir, cfg)?;
         let nodes = pool.nodes();
         match E::create(pool, &eopts) {
@@ -116,9 +117,15 @@ impl WithEngine for Create<'_> {
             Err(e) => {
                 // The pool was created by us a moment ago (Pool::create refuses a directory that
                 // already holds one): remove its node files rather than leave a store without an
-                // index. The pool handle is gone (E::create consumed it) once we get here.
+                // index, and the directory too if it is ours. The pool handle is gone (E::create
+                // consumed it) once we get here. Clean-up is best effort: the error to report
+                // is the engine's.
                 for node in 0..nodes {
                     let _ = fs::remove_file(node_path(self.dir, node));
+                }
+                if new_dir {
+                    let _ = fs::remove_file(self.dir.join(numakv_pmem::LOCK_FILE));
+                    let _ = fs::remove_dir(self.dir);
                 }
                 Err(e.into())
             }

@@ -173,4 +173,11 @@ fn engine_options_that_cannot_work_leave_no_store_behind() {
     assert!(!node_path(dir.path(), 0).exists(), "a failed create leaves no node file");
     // The directory is usable for a good create afterwards.
     Store::create(dir.path(), EngineKind::FastFair, opts()).unwrap().close().unwrap();
+
+    // A directory the failed create made is removed again.
+    let fresh = dir.path().join("fresh");
+    let mut engine = EngineKind::FastFair.default_options();
+    engine.set("node_size", "100").unwrap();
+    assert!(Store::create(&fresh, EngineKind::FastFair, opts().engine(engine)).is_err());
+    assert!(!fresh.exists());
 }
