@@ -9,6 +9,8 @@
 
 mod api;
 mod error;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use api::{
     check_key, CheckReport, Engine, EngineStats, Index, RecoveryReport, MAX_KEY, MIN_KEY,

@@ -8,7 +8,7 @@ use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
 use numakv_pmem::{OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
 
-pub const CAP: u64 = 64 << 20;
+pub const CAP: u64 = 16 << 20;
 
 pub fn opts(node_size: usize) -> FastFairOptions {
     FastFairOptions { node_size, ..Default::default() }
@@ -142,8 +142,18 @@ pub fn contents(t: &FastFair) -> BTreeMap<u64, u64> {
 /// Verifies a recovered tree: `check()` passes with no leak, and its contents are the model
 /// with the pending operation either wholly absent or wholly applied; point gets agree.
 pub fn verify_recovered(t: &FastFair, model: &BTreeMap<u64, u64>, pending: Option<Op>) {
+    verify(t, model, pending, true)
+}
+
+/// As [`verify_recovered`]; `exact` = no block may await its epoch grace period (right after
+/// recovery), else merged-away nodes may still be allocated.
+pub fn verify(t: &FastFair, model: &BTreeMap<u64, u64>, pending: Option<Op>, exact: bool) {
     let r = t.check().unwrap();
-    assert_eq!(r.reachable_blocks, r.allocated_blocks, "leak or double allocation: {r:?}");
+    if exact {
+        assert_eq!(r.reachable_blocks, r.allocated_blocks, "leak or double allocation: {r:?}");
+    } else {
+        assert!(r.reachable_blocks <= r.allocated_blocks, "{r:?}");
+    }
     let got = contents(t);
     assert_eq!(r.entries, got.len() as u64);
     let mut after = model.clone();
@@ -205,11 +215,21 @@ pub fn crash_round(
         tree_apply(&t, &model, op);
         model_apply(&mut model, op);
     }
-    verify_recovered(&t, &model, None);
+    verify(&t, &model, None, false);
     Some(rep)
 }
 
 /// Sum of a recovery counter over reports.
 pub fn counter_sum(reps: &[numakv_index::RecoveryReport], name: &str) -> u64 {
     reps.iter().flat_map(|r| r.counters.iter()).filter(|c| c.0 == name).map(|c| c.1).sum()
+}
+
+/// A value that names its key (to catch a key paired with another key's value).
+pub fn vk(k: u64) -> u64 {
+    k.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Scaled op count.
+pub fn scaled(n: usize) -> usize {
+    n * numakv_pmem::crash::test_scale()
 }
