@@ -1,0 +1,258 @@
+//! What each subcommand does. Every command that uses an existing store opens it, works, and
+//! closes it cleanly — also when the work failed — so no invocation leaves the store unclean.
+
+use std::io::Write;
+use std::path::Path;
+
+use numakv::{Options, Store};
+use serde_json::json;
+
+use crate::args::{Cli, Command, CreateArgs, KeyArgs, PutArgs, ScanArgs};
+use crate::output;
+use crate::{CliError, Exit};
+
+/// Runs the parsed command line. Results go to `out`; notes (e.g. "store was recovered") to
+/// `err`. Failures come back as [`CliError`] for the caller to print and map to an exit status.
+pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Exit, CliError> {
+    let json = cli.json;
+    match &cli.command {
+        Command::Create(a) => create(a, json, out),
+        Command::Put(a) => with_store(&a.dir, err, |s, _| put(s, a, json, out)),
+        Command::Get(a) => with_store(&a.dir, err, |s, err| get(s, a, json, out, err)),
+        Command::Del(a) => with_store(&a.dir, err, |s, err| del(s, a, json, out, err)),
+        Command::Scan(a) => with_store(&a.dir, err, |s, _| scan(s, a, json, out)),
+        Command::Inspect(a) => with_store(&a.dir, err, |s, _| inspect(s, json, out)),
+        Command::Check(a) => with_store(&a.dir, err, |s, _| check(s, json, out)),
+    }
+}
+
+/// Opens the store in `dir`, runs `f` on it (with `err` for notes), and closes it cleanly whatever `f` returned.
+fn with_store<T>(
+    dir: &Path,
+    err: &mut dyn Write,
+    f: impl FnOnce(&Store, &mut dyn Write) -> Result<T, CliError>,
+) -> Result<T, CliError> {
+    let store = Store::open(dir)?;
+    if let Some(r) = store.recovery().filter(|r| !r.was_clean) {
+        // A note, not output: a failed write to stderr must not fail the command.
+        let _ = writeln!(
+            err,
+            "note: {}: the store was not closed cleanly; recovered in {:.1?}",
+            dir.display(),
+            r.elapsed
+        );
+    }
+    let result = f(&store, err);
+    let closed = store.close();
+    let value = result?;
+    closed?;
+    Ok(value)
+}
+
+fn create(a: &CreateArgs, json: bool, out: &mut dyn Write) -> Result<Exit, CliError> {
+    let mut engine = a.engine.default_options();
+    for (key, value) in &a.opts {
+        engine.set(key, value)?;
+    }
+    let opts = Options::default()
+        .nodes(a.nodes)
+        .capacity_per_node(a.capacity)
+        .page_size(a.page_size)
+        .mode(a.mode)
+        .engine(engine.clone());
+    let store = Store::create(&a.dir, a.engine, opts)?;
+    let info = store.inspect();
+    store.close()?;
+    let info = info?;
+    if json {
+        let engine_options: serde_json::Map<_, _> =
+            engine.values().into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        output::json_line(
+            out,
+            &json!({
+                "created": info.dir.to_string_lossy(),
+                "engine": info.engine.name(),
+                "engine_options": engine_options,
+                "nodes": info.nodes,
+                "capacity_per_node": info.capacity_per_node,
+                "page_size": info.page_size,
+                "mode": info.mode.to_string(),
+                "uuid": info.uuid,
+            }),
+        )?;
+    } else {
+        let opts: Vec<_> = engine.values().into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        writeln!(
+            out,
+            "created {} store in {}: {} node(s) x {}, mode {}, options {}",
+            info.engine,
+            info.dir.display(),
+            info.nodes,
+            numakv::size::format_bytes(info.capacity_per_node),
+            info.mode,
+            opts.join(" ")
+        )?;
+    }
+    Ok(Exit::Ok)
+}
+
+fn put(store: &Store, a: &PutArgs, json: bool, out: &mut dyn Write) -> Result<Exit, CliError> {
+    // The command holds the store's lock, so insert-then-update is as good as an upsert and
+    // tells the user which one happened.
+    let result = if a.if_present {
+        if store.update(a.key, a.value)? {
+            "updated"
+        } else {
+            "absent"
+        }
+    } else if store.insert(a.key, a.value)? {
+        "inserted"
+    } else if a.if_absent {
+        "present"
+    } else {
+        store.upsert(a.key, a.value)?;
+        "updated"
+    };
+    if json {
+        output::json_line(out, &json!({ "key": a.key, "value": a.value, "result": result }))?;
+    }
+    Ok(match result {
+        "inserted" | "updated" => {
+            if !json {
+                writeln!(out, "{result} {}", a.key)?;
+            }
+            Exit::Ok
+        }
+        _ => {
+            if !json {
+                let what = if result == "present" {
+                    "is present; not changed (--if-absent)"
+                } else {
+                    "is absent; not inserted (--if-present)"
+                };
+                writeln!(out, "key {} {what}", a.key)?;
+            }
+            Exit::NotFound
+        }
+    })
+}
+
+fn get(
+    store: &Store,
+    a: &KeyArgs,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Exit, CliError> {
+    let value = store.get(a.key)?;
+    if json {
+        output::json_line(out, &json!({ "key": a.key, "value": value }))?;
+    } else if let Some(v) = value {
+        writeln!(out, "{v}")?;
+    } else {
+        let _ = writeln!(err, "key {} not found", a.key);
+    }
+    Ok(if value.is_some() { Exit::Ok } else { Exit::NotFound })
+}
+
+fn del(
+    store: &Store,
+    a: &KeyArgs,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Exit, CliError> {
+    let removed = store.remove(a.key)?;
+    if json {
+        output::json_line(out, &json!({ "key": a.key, "deleted": removed }))?;
+    } else if removed {
+        writeln!(out, "deleted {}", a.key)?;
+    } else {
+        let _ = writeln!(err, "key {} not found", a.key);
+    }
+    Ok(if removed { Exit::Ok } else { Exit::NotFound })
+}
+
+fn scan(store: &Store, a: &ScanArgs, json: bool, out: &mut dyn Write) -> Result<Exit, CliError> {
+    // Scan in batches so a huge COUNT neither allocates up front nor holds everything.
+    const BATCH: usize = 4096;
+    let mut buf = Vec::with_capacity(BATCH.min(a.count));
+    let mut next = a.start;
+    let mut left = a.count;
+    let mut first = true;
+    if json {
+        out.write_all(b"[")?;
+    }
+    while left > 0 {
+        buf.clear();
+        let want = BATCH.min(left);
+        let n = store.scan(next, want, &mut buf)?;
+        for &(k, v) in &buf {
+            if json {
+                let sep = if first { "" } else { "," };
+                write!(out, "{sep}{}", json!({ "key": k, "value": v }))?;
+            } else {
+                writeln!(out, "{k} {v}")?;
+            }
+            first = false;
+        }
+        left -= n;
+        if n < want {
+            break; // the end of the index
+        }
+        match buf.last() {
+            Some(&(k, _)) if k < numakv::MAX_KEY => next = k + 1,
+            _ => break,
+        }
+    }
+    if json {
+        out.write_all(b"]\n")?;
+    }
+    Ok(Exit::Ok)
+}
+
+fn inspect(store: &Store, json: bool, out: &mut dyn Write) -> Result<Exit, CliError> {
+    let info = store.inspect()?;
+    if json {
+        output::json_line(out, &output::info_json(&info))?;
+    } else {
+        output::info_text(out, &info)?;
+    }
+    Ok(Exit::Ok)
+}
+
+fn check(store: &Store, json: bool, out: &mut dyn Write) -> Result<Exit, CliError> {
+    let was_clean = store.recovery().map_or(true, |r| r.was_clean);
+    match store.fsck() {
+        Ok(r) => {
+            if json {
+                output::json_line(
+                    out,
+                    &json!({
+                        "ok": true,
+                        "was_clean": was_clean,
+                        "entries": r.entries,
+                        "reachable_blocks": r.reachable_blocks,
+                        "allocated_blocks": r.allocated_blocks,
+                    }),
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "ok: {} entries, {} reachable PM blocks, {} allocated{}",
+                    r.entries,
+                    r.reachable_blocks,
+                    r.allocated_blocks,
+                    if was_clean { "" } else { " (after recovery)" }
+                )?;
+            }
+            Ok(Exit::Ok)
+        }
+        Err(e) => {
+            if json {
+                output::json_line(out, &json!({ "ok": false, "error": e.to_string() }))?;
+            }
+            Err(CliError::Store(e))
+        }
+    }
+}
