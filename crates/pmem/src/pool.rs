@@ -204,15 +204,27 @@ fn lock_dir(dir: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(|e| PoolError::io(&path, e))?;
-    // SAFETY: flock on a descriptor we own; released when the file is closed (also on process
-    // death, which the eADR kill tests rely on).
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
+    // A lock can be held for a moment by someone who is not a user of the store: a child that
+    // another thread of this process (or of the previous holder) forked inherits the locked
+    // descriptor until its exec closes it (close-on-exec). Retry briefly before reporting
+    // `Locked`, so that closing a store and reopening it from a child process is reliable.
+    const LOCK_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own; released when the file is closed (also on
+        // process death, which the eADR kill tests rely on).
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            break;
+        }
         let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(PoolError::io(&path, err));
+        }
+        if start.elapsed() >= LOCK_GRACE {
             return Err(PoolError::Locked { path });
         }
-        return Err(PoolError::io(&path, err));
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
     Ok(f)
 }
