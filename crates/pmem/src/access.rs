@@ -4,7 +4,9 @@
 //! ([`crate::Pool::get`]). Each access reports its address range to [`crate::account`], which is how
 //! "PM lines read/written per operation" and local/remote shares are measured. All word types are
 //! atomics, so lock-free readers racing with writers (FAST&FAIR, NBTree, ...) are data-race free;
-//! `Relaxed` atomics compile to plain moves on x86-64, so this costs nothing over raw pointers.
+//! `Relaxed` atomics compile to plain moves on x86-64. The accounting hook in front of each access
+//! costs a flag check while accounting is switched off at run time, and nothing when the
+//! `accounting` cargo feature is off (see [`crate::account`]).
 //!
 //! Writing an accessor does not make it durable: call [`crate::Pool::persist`] (ADR) — or rely on
 //! eADR — as the engine's protocol requires.

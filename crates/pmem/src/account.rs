@@ -7,8 +7,17 @@
 //! distinct line counts once, as *local* when the line's node equals the thread's node
 //! ([`numakv_numa::current_node`]) and *remote* otherwise. Flushes and fences are counted as issued.
 //!
-//! When both accounting and latency emulation are off the whole cost is one relaxed load of a
-//! global flag and a predicted branch per access (measured by the `accounting` criterion bench).
+//! # Cost, and the `accounting` cargo feature
+//!
+//! With the `accounting` feature (on by default) accounting is a runtime switch
+//! ([`set_enabled`]); when both it and latency emulation are off, each access pays one relaxed load
+//! of a global flag byte and a predicted branch. That is within a few percent of raw atomics when
+//! the access itself waits on memory (pointer chasing), but a large share of a loop that does
+//! nothing but stream L1/L2-resident loads (see the `accounting` criterion bench and
+//! `docs/design.md` §6 for the figures). Building without the feature
+//! (`default-features = false`) removes the hooks: the accessors compile to plain atomics,
+//! [`COMPILED`] is `false`, [`set_enabled`] and [`set_latency`] are no-ops (so [`enabled`] stays
+//! `false` and [`latency`] stays [`LatencyModel::NONE`]), and every counter stays zero.
 //!
 //! Latency emulation adds a busy-wait on the *first* touch of a line within an operation, with the
 //! per-access figures of a [`LatencyModel`] (e.g. [`LatencyModel::OPTANE`]).
@@ -27,11 +36,22 @@ use crate::persist::lines;
 const FLAG_ACCOUNT: u8 = 1;
 const FLAG_LATENCY: u8 = 2;
 
+/// Whether the accounting hooks are compiled in (the `accounting` cargo feature, on by default).
+/// When `false`, [`set_enabled`] and [`set_latency`] do nothing and no access is ever counted or
+/// delayed.
+pub const COMPILED: bool = cfg!(feature = "accounting");
+
 /// Bit set of what the hot path must do: `FLAG_ACCOUNT | FLAG_LATENCY`. Zero means "nothing".
 static FLAGS: AtomicU8 = AtomicU8::new(0);
 
 /// Turns accounting on or off for the whole process (all pools, all threads).
+///
+/// A no-op when the `accounting` feature is off ([`COMPILED`] is `false`): [`enabled`] then stays
+/// `false`.
 pub fn set_enabled(on: bool) {
+    if !COMPILED {
+        return;
+    }
     // ORDERING: Relaxed; the flag only decides whether statistics are gathered, it guards no data.
     if on {
         FLAGS.fetch_or(FLAG_ACCOUNT, Ordering::Relaxed);
@@ -121,7 +141,13 @@ impl fmt::Display for LatencyModel {
 static LATENCY: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
 /// Installs a latency model for the whole process; [`LatencyModel::NONE`] turns emulation off.
+///
+/// A no-op when the `accounting` feature is off ([`COMPILED`] is `false`): emulation rides on the
+/// accounting hooks, so [`latency`] then stays [`LatencyModel::NONE`].
 pub fn set_latency(model: LatencyModel) {
+    if !COMPILED {
+        return;
+    }
     let reads = u64::from(model.read_local_ns) | (u64::from(model.read_remote_ns) << 32);
     let writes = u64::from(model.write_local_ns) | (u64::from(model.write_remote_ns) << 32);
     // ORDERING: Relaxed; a thread that sees the flag before the figures charges a stale
@@ -416,18 +442,26 @@ fn slow_touch(addr: usize, len: usize, kind: u8, flags: u8) {
     });
 }
 
-/// Records a read of `[addr, addr + len)`. Called by the accessor types; near free when off.
+/// Records a read of `[addr, addr + len)`. Called by the accessor types; near free when off
+/// (one relaxed load and a predicted branch), nothing at all without the `accounting` feature.
 #[inline(always)]
 pub fn record_read(addr: usize, len: usize) {
+    if !COMPILED {
+        return;
+    }
     let flags = FLAGS.load(Ordering::Relaxed);
     if flags != 0 {
         slow_touch(addr, len, TOUCH_READ, flags);
     }
 }
 
-/// Records a write of `[addr, addr + len)`. Called by the accessor types; near free when off.
+/// Records a write of `[addr, addr + len)`. Called by the accessor types; near free when off
+/// (one relaxed load and a predicted branch), nothing at all without the `accounting` feature.
 #[inline(always)]
 pub fn record_write(addr: usize, len: usize) {
+    if !COMPILED {
+        return;
+    }
     let flags = FLAGS.load(Ordering::Relaxed);
     if flags != 0 {
         slow_touch(addr, len, TOUCH_WRITE, flags);
@@ -437,6 +471,9 @@ pub fn record_write(addr: usize, len: usize) {
 /// Counts `n` line flushes (called by [`crate::Pool::flush`]).
 #[inline]
 pub(crate) fn record_flushes(n: usize) {
+    if !COMPILED {
+        return;
+    }
     if FLAGS.load(Ordering::Relaxed) & FLAG_ACCOUNT != 0 {
         let _ = ACCT.try_with(|a| {
             if let Ok(mut a) = a.try_borrow_mut() {
@@ -449,6 +486,9 @@ pub(crate) fn record_flushes(n: usize) {
 /// Counts a fence (called by [`crate::Pool::fence`]).
 #[inline]
 pub(crate) fn record_fence() {
+    if !COMPILED {
+        return;
+    }
     if FLAGS.load(Ordering::Relaxed) & FLAG_ACCOUNT != 0 {
         let _ = ACCT.try_with(|a| {
             if let Ok(mut a) = a.try_borrow_mut() {
@@ -463,6 +503,9 @@ pub(crate) fn record_fence() {
 /// this once per index operation.
 #[inline]
 pub fn op_end() {
+    if !COMPILED {
+        return;
+    }
     if FLAGS.load(Ordering::Relaxed) != 0 {
         let _ = ACCT.try_with(|a| {
             if let Ok(mut a) = a.try_borrow_mut() {

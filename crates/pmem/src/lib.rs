@@ -8,7 +8,8 @@
 //! - Crash simulation: ADR shadow mode ([`SimMode::Shadow`], [`Pool::crash`]) and an eADR
 //!   process-kill harness ([`crash`]).
 //! - [`account`]: PM lines read/written per operation, local vs remote, flushes and fences,
-//!   and latency emulation ([`LatencyModel`]).
+//!   and latency emulation ([`LatencyModel`]); a runtime switch, compiled out entirely without the
+//!   `accounting` cargo feature (on by default; [`account::COMPILED`]).
 //! - [`access`]: the accessor types PM structures are built from.
 //! - [`heap`] and [`alloc`]: the page heap, NSM, Calloc, a naive bump allocator, and epoch-based
 //!   reclamation.
