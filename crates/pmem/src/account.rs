@@ -173,10 +173,22 @@ pub fn latency() -> LatencyModel {
     }
 }
 
+thread_local! {
+    /// Nanoseconds of emulated latency charged to this thread so far.
+    static EMULATED_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Nanoseconds of emulated PM latency charged to the calling thread so far (what the latency
+/// model asked for, independent of how long the busy-waits actually took on a loaded machine).
+pub fn thread_emulated_ns() -> u64 {
+    EMULATED_NS.with(|c| c.get())
+}
+
 fn spin_for(ns: u64) {
     if ns == 0 {
         return;
     }
+    EMULATED_NS.with(|c| c.set(c.get() + ns));
     let until = Instant::now() + Duration::from_nanos(ns);
     while Instant::now() < until {
         std::hint::spin_loop();
