@@ -5,7 +5,7 @@
 //! follow YCSB's `core/generator` package (Cooper et al., "Benchmarking cloud serving systems with
 //! YCSB", SoCC 2010 — papers/nbtree.txt ref. [54]):
 //!
-//! - [`Dist::Uniform`]: `UniformLongGenerator`.
+//! - [`Dist::Uniform`]: YCSB's `UniformLongGenerator`.
 //! - [`Dist::Zipf`] with `scrambled: false`: `ZipfianGenerator` (Gray et al.'s rejection-free
 //!   approximation; item 0 is the hottest), growing incrementally as keys are inserted.
 //! - [`Dist::Zipf`] with `scrambled: true`: `ScrambledZipfianGenerator` — a Zipfian rank drawn
