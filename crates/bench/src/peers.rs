@@ -5,7 +5,7 @@
 //! - `scc-treeindex`: [`scc::TreeIndex`], a B+-tree with lock-free reads.
 //! - `rwlock-btreemap`: `std::collections::BTreeMap` behind a `parking_lot::RwLock`.
 //!
-//! The concurrent maps keep immutable entries (scc even clones values when a node splits), so
+//! The concurrent maps keep immutable entries (scc even copies them when a leaf splits), so
 //! each value lives in a shared `AtomicU64` cell and `update`/`upsert` store into it. An update
 //! that races with a `remove` + re-`insert` of the same key may land on the removed cell; a
 //! reference peer accepts that (the key's new incarnation keeps the inserted value).
@@ -198,7 +198,8 @@ impl Index for SkipListPeer {
     }
 }
 
-/// `scc-treeindex`. Values are `Arc<AtomicU64>` because scc clones values when nodes split.
+/// `scc-treeindex`. Values are `Arc<AtomicU64>` cells: scc copies entries when a leaf splits
+/// and `peek` may return the old copy, so the cell itself must be shared.
 #[derive(Debug, Default)]
 pub struct SccPeer {
     tree: scc::TreeIndex<u64, Arc<AtomicU64>>,
@@ -210,7 +211,7 @@ impl Index for SccPeer {
     }
     fn insert(&self, key: u64, value: u64) -> IndexResult<bool> {
         check_key(key)?;
-        Ok(self.tree.insert(key, Arc::new(AtomicU64::new(value))).is_ok())
+        Ok(self.tree.insert_sync(key, Arc::new(AtomicU64::new(value))).is_ok())
     }
     fn upsert(&self, key: u64, value: u64) -> IndexResult<()> {
         check_key(key)?;
@@ -233,10 +234,10 @@ impl Index for SccPeer {
     }
     fn remove(&self, key: u64) -> IndexResult<bool> {
         check_key(key)?;
-        Ok(self.tree.remove(&key))
+        Ok(self.tree.remove_sync(&key))
     }
     fn scan(&self, start: u64, max: usize, out: &mut Vec<(u64, u64)>) -> IndexResult<usize> {
-        let guard = scc::ebr::Guard::new();
+        let guard = scc::Guard::new();
         let before = out.len();
         out.extend(
             self.tree
@@ -250,7 +251,7 @@ impl Index for SccPeer {
         stats(self.tree.len(), SCC_ENTRY_BYTES)
     }
     fn check(&self) -> IndexResult<CheckReport> {
-        let guard = scc::ebr::Guard::new();
+        let guard = scc::Guard::new();
         check_ascending(self.name(), self.tree.iter(&guard).map(|(k, _)| *k))
     }
 }

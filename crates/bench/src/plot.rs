@@ -155,7 +155,7 @@ fn bars_panel(
     let e = |x: &dyn std::fmt::Display| x.to_string();
     let names = engines(runs);
     let n = names.len() as u32;
-    let x_max = runs.iter().map(|r| r.throughput_mops).fold(0.0, f64::max).max(1e-3) * 1.2;
+    let x_max = runs.iter().map(|r| r.throughput_mops).fold(0.0, f64::max).max(1e-3) * 1.3;
     let threads = runs.first().map_or(0, |r| r.threads);
     let mut chart = ChartBuilder::on(area)
         .caption(
@@ -165,17 +165,22 @@ fn bars_panel(
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(170)
-        .build_cartesian_2d(0f64..x_max, (0u32..n).into_segmented())
+        .build_cartesian_2d(0f64..x_max, (0u32..n.saturating_sub(1)).into_segmented())
         .map_err(|x| e(&x))?;
     let labels = names.clone();
     chart
         .configure_mesh()
         .disable_y_mesh()
+        .light_line_style(WHITE.mix(0.0))
         .x_desc("throughput (million ops/s)")
         .y_desc("engine")
         .y_labels(n as usize + 1)
         .y_label_formatter(&move |v| match v {
-            SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+            // The first engine is drawn on top.
+            SegmentValue::CenterOf(i) => (labels.len() as u32)
+                .checked_sub(i + 1)
+                .and_then(|j| labels.get(j as usize).cloned())
+                .unwrap_or_default(),
             _ => String::new(),
         })
         .label_style(("sans-serif", 14))
@@ -185,7 +190,7 @@ fn bars_panel(
     for (i, engine) in names.iter().enumerate() {
         let c = color(i);
         let v: f64 = runs.iter().filter(|r| &r.engine == engine).map(|r| r.throughput_mops).sum();
-        let i = i as u32;
+        let i = n - 1 - i as u32;
         let mut bar = Rectangle::new(
             [(0.0, SegmentValue::Exact(i)), (v, SegmentValue::Exact(i + 1))],
             c.filled(),
@@ -206,7 +211,7 @@ fn bars_panel(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 13))
@@ -281,4 +286,45 @@ pub fn lines_svg(
         root.present().map_err(|x| e(&x))
     };
     draw().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_engine_bars_and_generic_lines_draw() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = Report {
+            runs: vec![RunResult {
+                engine: "solo".into(),
+                workload: "w".into(),
+                threads: 4,
+                throughput_mops: 2.5,
+                ..RunResult::default()
+            }],
+            failures: Vec::new(),
+        };
+        let bars = dir.path().join("sub/bars.svg");
+        throughput_svg(&report, &bars).unwrap();
+        let svg = std::fs::read_to_string(&bars).unwrap();
+        assert!(
+            svg.contains("solo")
+                && svg.contains("2.500")
+                && svg.contains("throughput at 4 threads")
+        );
+        assert!(throughput_svg(&Report::default(), &bars).is_err());
+
+        let lines = dir.path().join("lines.svg");
+        let series = vec![
+            ("a".to_owned(), vec![(1.0, 2.0), (2.0, 3.0)]),
+            ("b".to_owned(), vec![(1.0, 1.0)]),
+        ];
+        lines_svg(&lines, "title", "keys loaded", "recovery time (ms)", &series).unwrap();
+        let svg = std::fs::read_to_string(&lines).unwrap();
+        for needle in ["keys loaded", "recovery time (ms)", "title", "\na\n", "\nb\n"] {
+            assert!(svg.contains(needle), "{needle:?}");
+        }
+        assert!(lines_svg(&lines, "t", "x", "y", &[]).is_err());
+    }
 }

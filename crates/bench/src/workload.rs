@@ -450,7 +450,7 @@ impl OpStream {
                 .mix
                 .weights
                 .iter()
-                .flat_map(|&(k, w)| std::iter::repeat(k).take(w as usize))
+                .flat_map(|&(k, w)| std::iter::repeat_n(k, w as usize))
                 .collect(),
             MixOrder::Random => Vec::new(),
         };
