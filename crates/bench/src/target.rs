@@ -120,3 +120,30 @@ pub fn resolve(names: &[String], available: &[Arc<dyn Target>]) -> Result<Vec<Ar
     }
     Ok(out)
 }
+
+/// One line per target, `name  description`, aligned — the body of `numakv bench --list`.
+pub fn describe(targets: &[Arc<dyn Target>]) -> String {
+    let width = targets.iter().map(|t| t.name().len()).max().unwrap_or(0);
+    targets.iter().map(|t| format!("{:width$}  {}\n", t.name(), t.description())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_all_dedups_and_keeps_order() {
+        let peers = crate::peers::all();
+        let all = resolve(&["all".into()], &peers).unwrap();
+        assert_eq!(all.len(), 3);
+        let picked =
+            resolve(&["RWLOCK-BTREEMAP, scc-treeindex".into(), "rwlock-btreemap".into()], &peers)
+                .unwrap();
+        let names: Vec<String> = picked.iter().map(|t| t.name()).collect();
+        assert_eq!(names, ["rwlock-btreemap", "scc-treeindex"]);
+        assert!(matches!(resolve(&[" , ".into()], &peers), Err(BenchError::Config(_))));
+        let text = describe(&peers);
+        assert_eq!(text.lines().count(), 3);
+        assert!(text.contains("crossbeam-skiplist  DRAM peer"));
+    }
+}
