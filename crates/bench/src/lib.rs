@@ -1,4 +1,44 @@
-//! Workload generators, runner, metrics, reports and paper presets.
+//! The numakv benchmark driver (DESIGN.md §5): workload generators, a NUMA-placing runner with
+//! PM access accounting, DRAM reference peers, reports (table, JSON, CSV), SVG plots, the papers'
+//! workloads as presets, and scaled-down reproductions of their tables and figures.
 //!
-//! Placeholder crate: the workspace layout of DESIGN.md §1 exists from the start so that the
-//! dependency direction is fixed early. Its contents arrive with issue 4.
+//! The `numakv` binary wires this library to `numakv bench` and `numakv repro`; engines come in
+//! as [`Target`]s built by the facade, next to the DRAM [`peers`].
+//!
+//! ```
+//! use numakv_bench::{peers, presets, run, target, BenchConfig, Progress};
+//!
+//! let config = BenchConfig {
+//!     engines: vec!["rwlock-btreemap".into()],
+//!     workload: "nstore-get50upd50".into(),
+//!     keys: Some(1_000),
+//!     ops: Some(1_000),
+//!     threads: vec![1],
+//!     ..BenchConfig::default()
+//! };
+//! let targets = target::resolve(&config.engines, &peers::all()).unwrap();
+//! let report = run(&config, &targets, Progress::Hidden).unwrap();
+//! println!("{}", report.to_table());
+//! assert_eq!(report.runs[0].workload, "nstore-get50upd50");
+//! assert!(presets::PRESETS.iter().any(|p| p.name == "ycsb-f"));
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod dist;
+mod error;
+pub mod peers;
+pub mod plot;
+pub mod presets;
+pub mod report;
+pub mod repro;
+pub mod runner;
+pub mod target;
+pub mod workload;
+
+pub use dist::Dist;
+pub use error::{BenchError, Result};
+pub use report::{Report, RunFailure, RunResult};
+pub use runner::{run, run_workloads, write_outputs, BenchConfig, Progress};
+pub use target::{Reopen, Target, TargetEnv, TargetInstance};
+pub use workload::{KeyOrder, Mix, MixOrder, OpKind, ScanLen, Workload};

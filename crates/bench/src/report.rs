@@ -1,0 +1,389 @@
+//! Results: one [`RunResult`] per (engine, workload, threads), as a table, JSON and CSV.
+//!
+//! JSON is `{"runs":[{...}], "failures":[{...}]}` with the fields of [`RunResult`] in declaration
+//! order; CSV has one header row with the same column names and one row per run
+//! (`pm_bytes_per_node` joined with `;`, absent values empty).
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{BenchError, Result};
+
+/// The measurements of one run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Target name.
+    pub engine: String,
+    /// Workload name.
+    pub workload: String,
+    /// Worker threads in the measured phase.
+    pub threads: usize,
+    /// NUMA nodes (real or emulated).
+    pub nodes: usize,
+    /// `fill` or `interleave`.
+    pub placement: String,
+    /// `adr` or `eadr` (what the target was asked for; DRAM peers ignore it).
+    pub persist: String,
+    /// Latency model (`none`, `optane`).
+    pub latency: String,
+    /// Key distribution.
+    pub dist: String,
+    /// Keys loaded before the run.
+    pub keys: u64,
+    /// Operations measured (warm-up excluded).
+    pub ops: u64,
+    /// Wall time of the measured phase, seconds.
+    pub seconds: f64,
+    /// Operations per second, millions.
+    pub throughput_mops: f64,
+    /// Median latency of the sampled operations, ns.
+    pub p50_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// 99.9th percentile, ns.
+    pub p999_ns: u64,
+    /// Largest sampled latency, ns.
+    pub max_ns: u64,
+    /// Distinct PM lines read per operation (local + remote).
+    pub pm_reads_per_op: f64,
+    /// Distinct PM lines written per operation (local + remote).
+    pub pm_writes_per_op: f64,
+    /// PM lines read on another node per operation.
+    pub remote_reads_per_op: f64,
+    /// PM lines written on another node per operation.
+    pub remote_writes_per_op: f64,
+    /// Share of PM line accesses that were remote, 0..1.
+    pub remote_share: f64,
+    /// Cache-line flushes per operation.
+    pub flushes_per_op: f64,
+    /// Fences per operation.
+    pub fences_per_op: f64,
+    /// PM bytes held after the run, all nodes.
+    pub pm_bytes: u64,
+    /// PM bytes per node.
+    pub pm_bytes_per_node: Vec<u64>,
+    /// DRAM bytes of volatile structures after the run (approximate).
+    pub dram_bytes: u64,
+    /// Wall time of the parallel load, seconds.
+    pub load_seconds: f64,
+    /// Share of operations that found nothing to act on (get/update/remove of an absent key,
+    /// insert of a present one, empty scan).
+    pub miss_ratio: f64,
+    /// Wall time of the open after a clean close, ms (when asked for and supported).
+    pub reopen_ms: Option<f64>,
+    /// Wall time of the open after a simulated crash, recovery included, ms.
+    pub recover_ms: Option<f64>,
+    /// The seed of the run.
+    pub seed: u64,
+}
+
+/// A run that did not produce a result.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunFailure {
+    /// Target name.
+    pub engine: String,
+    /// Workload name.
+    pub workload: String,
+    /// Worker threads.
+    pub threads: usize,
+    /// The error.
+    pub error: String,
+}
+
+/// Everything a benchmark produced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// One entry per (engine, workload, threads).
+    pub runs: Vec<RunResult>,
+    /// Runs that failed.
+    #[serde(default)]
+    pub failures: Vec<RunFailure>,
+}
+
+/// The CSV/JSON column names, in order.
+pub const COLUMNS: &[&str] = &[
+    "engine",
+    "workload",
+    "threads",
+    "nodes",
+    "placement",
+    "persist",
+    "latency",
+    "dist",
+    "keys",
+    "ops",
+    "seconds",
+    "throughput_mops",
+    "p50_ns",
+    "p99_ns",
+    "p999_ns",
+    "max_ns",
+    "pm_reads_per_op",
+    "pm_writes_per_op",
+    "remote_reads_per_op",
+    "remote_writes_per_op",
+    "remote_share",
+    "flushes_per_op",
+    "fences_per_op",
+    "pm_bytes",
+    "pm_bytes_per_node",
+    "dram_bytes",
+    "load_seconds",
+    "miss_ratio",
+    "reopen_ms",
+    "recover_ms",
+    "seed",
+];
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or(String::new(), |x| format!("{x}"))
+}
+
+impl RunResult {
+    fn csv_row(&self) -> Vec<String> {
+        vec![
+            csv_field(&self.engine),
+            csv_field(&self.workload),
+            self.threads.to_string(),
+            self.nodes.to_string(),
+            csv_field(&self.placement),
+            csv_field(&self.persist),
+            csv_field(&self.latency),
+            csv_field(&self.dist),
+            self.keys.to_string(),
+            self.ops.to_string(),
+            self.seconds.to_string(),
+            self.throughput_mops.to_string(),
+            self.p50_ns.to_string(),
+            self.p99_ns.to_string(),
+            self.p999_ns.to_string(),
+            self.max_ns.to_string(),
+            self.pm_reads_per_op.to_string(),
+            self.pm_writes_per_op.to_string(),
+            self.remote_reads_per_op.to_string(),
+            self.remote_writes_per_op.to_string(),
+            self.remote_share.to_string(),
+            self.flushes_per_op.to_string(),
+            self.fences_per_op.to_string(),
+            self.pm_bytes.to_string(),
+            self.pm_bytes_per_node.iter().map(u64::to_string).collect::<Vec<_>>().join(";"),
+            self.dram_bytes.to_string(),
+            self.load_seconds.to_string(),
+            self.miss_ratio.to_string(),
+            opt(self.reopen_ms),
+            opt(self.recover_ms),
+            self.seed.to_string(),
+        ]
+    }
+}
+
+fn human_ns(ns: u64) -> String {
+    if ns >= 10_000_000 {
+        format!("{:.0}ms", ns as f64 / 1e6)
+    } else if ns >= 10_000 {
+        format!("{:.0}µs", ns as f64 / 1e3)
+    } else {
+        format!("{ns}ns")
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    if b == 0 {
+        "-".into()
+    } else if b >= 10 << 20 {
+        format!("{:.0}MiB", b as f64 / f64::from(1 << 20))
+    } else {
+        format!("{:.1}MiB", b as f64 / f64::from(1 << 20))
+    }
+}
+
+impl Report {
+    /// A fixed-width table for terminals: one line per run, then the failures.
+    pub fn to_table(&self) -> String {
+        let header = [
+            "engine", "workload", "thr", "nodes", "Mops/s", "p50", "p99", "p99.9", "PM rd/op",
+            "PM wr/op", "remote", "flush/op", "fence/op", "PM", "DRAM",
+        ];
+        let rows: Vec<Vec<String>> = self
+            .runs
+            .iter()
+            .map(|r| {
+                vec![
+                    r.engine.clone(),
+                    r.workload.clone(),
+                    r.threads.to_string(),
+                    r.nodes.to_string(),
+                    format!("{:.3}", r.throughput_mops),
+                    human_ns(r.p50_ns),
+                    human_ns(r.p99_ns),
+                    human_ns(r.p999_ns),
+                    format!("{:.2}", r.pm_reads_per_op),
+                    format!("{:.2}", r.pm_writes_per_op),
+                    format!("{:.0}%", r.remote_share * 100.0),
+                    format!("{:.2}", r.flushes_per_op),
+                    format!("{:.2}", r.fences_per_op),
+                    human_bytes(r.pm_bytes),
+                    human_bytes(r.dram_bytes),
+                ]
+            })
+            .collect();
+        let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+        for row in &rows {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let line = |cells: &[String], out: &mut String| {
+            for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+                let pad = w - c.chars().count();
+                if i < 2 {
+                    out.push_str(c);
+                    out.push_str(&" ".repeat(pad));
+                } else {
+                    out.push_str(&" ".repeat(pad));
+                    out.push_str(c);
+                }
+                out.push_str(if i + 1 < cells.len() { "  " } else { "\n" });
+            }
+        };
+        line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>(), &mut out);
+        for row in &rows {
+            line(row, &mut out);
+        }
+        for f in &self.failures {
+            let _ =
+                writeln!(out, "FAILED {} {} t={}: {}", f.engine, f.workload, f.threads, f.error);
+        }
+        out
+    }
+
+    /// The JSON document (pretty-printed).
+    pub fn to_json(&self) -> Result<String> {
+        Ok(serde_json::to_string_pretty(self)?)
+    }
+
+    /// The CSV document.
+    pub fn to_csv(&self) -> String {
+        let mut out = COLUMNS.join(",");
+        out.push('\n');
+        for r in &self.runs {
+            out.push_str(&r.csv_row().join(","));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Writes [`to_json`](Self::to_json) to `path`, creating parent directories.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::Io`] or [`BenchError::Json`].
+    pub fn write_json(&self, path: &Path) -> Result<()> {
+        write_file(path, &self.to_json()?)
+    }
+
+    /// Writes [`to_csv`](Self::to_csv) to `path`, creating parent directories.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::Io`].
+    pub fn write_csv(&self, path: &Path) -> Result<()> {
+        write_file(path, &self.to_csv())
+    }
+
+    /// Draws the throughput plot to `path` (see [`crate::plot::throughput_svg`]).
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::Plot`] or [`BenchError::Io`].
+    pub fn plot_svg(&self, path: &Path) -> Result<()> {
+        crate::plot::throughput_svg(self, path)
+    }
+
+    /// Reads a report written by [`write_json`](Self::write_json).
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::Io`] or [`BenchError::Json`].
+    pub fn read_json(path: &Path) -> Result<Report> {
+        let text = fs::read_to_string(path).map_err(|e| BenchError::io(path, e))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+}
+
+/// Writes `text` to `path`, creating the parent directories.
+pub(crate) fn write_file(path: &Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+    }
+    fs::write(path, text).map_err(|e| BenchError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Report {
+        Report {
+            runs: vec![RunResult {
+                engine: "rwlock-btreemap".into(),
+                workload: "ycsb-a".into(),
+                threads: 2,
+                nodes: 2,
+                throughput_mops: 1.5,
+                pm_bytes_per_node: vec![1, 2],
+                dist: "hotspot:0.1:0.9@5s".into(),
+                reopen_ms: Some(1.5),
+                ..RunResult::default()
+            }],
+            failures: vec![RunFailure {
+                engine: "x".into(),
+                workload: "w".into(),
+                threads: 1,
+                error: "boom".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn json_fields_are_the_columns_in_order() {
+        let v: serde_json::Value = serde_json::from_str(&sample().to_json().unwrap()).unwrap();
+        let run = v["runs"][0].as_object().unwrap();
+        let keys: Vec<&str> = run.keys().map(String::as_str).collect();
+        let mut sorted_cols = COLUMNS.to_vec();
+        sorted_cols.sort_unstable();
+        // serde_json's map is sorted without the preserve_order feature: compare as sets.
+        assert_eq!(keys, sorted_cols);
+        assert_eq!(run["reopen_ms"], 1.5);
+        assert!(run["recover_ms"].is_null());
+        assert_eq!(v["failures"][0]["error"], "boom");
+    }
+
+    #[test]
+    fn csv_has_one_row_per_run_and_matching_columns() {
+        let csv = sample().to_csv();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].split(',').count(), COLUMNS.len());
+        assert_eq!(lines[1].split(',').count(), COLUMNS.len());
+        assert!(lines[1].contains(",1;2,"));
+    }
+
+    #[test]
+    fn table_lists_runs_and_failures() {
+        let t = sample().to_table();
+        assert!(t.contains("rwlock-btreemap") && t.contains("1.500") && t.contains("FAILED x w"));
+    }
+}

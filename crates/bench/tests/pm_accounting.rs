@@ -1,0 +1,120 @@
+//! The runner's PM accounting end to end: a toy target that touches one line of a two-node
+//! volatile pool per operation. Alone in its test binary because accounting is process-global.
+
+use std::sync::Arc;
+
+use numakv_bench::peers::Peer;
+use numakv_bench::target::{Target, TargetEnv, TargetInstance};
+use numakv_bench::{run, BenchConfig, Progress};
+use numakv_index::{CheckReport, EngineStats, Index, Result};
+use numakv_numa::Placement;
+use numakv_pmem::{account, EngineId, PPtr, Pool, PoolConfig};
+
+/// Gets read a line of node 1; updates write and persist a line of node 0 (offset 1 MiB +
+/// 64·(key % 64)).
+struct Toy {
+    pool: Arc<Pool>,
+    inner: Arc<dyn Index>,
+}
+
+impl Toy {
+    fn line(&self, node: usize, key: u64) -> usize {
+        let p = PPtr::new(node, (1 << 20) + 64 * (key % 64)).expect("valid pptr");
+        self.pool.resolve(p) as usize
+    }
+}
+
+impl Index for Toy {
+    fn name(&self) -> &'static str {
+        "pm-toy"
+    }
+    fn insert(&self, key: u64, value: u64) -> Result<bool> {
+        self.inner.insert(key, value)
+    }
+    fn upsert(&self, key: u64, value: u64) -> Result<()> {
+        self.inner.upsert(key, value)
+    }
+    fn update(&self, key: u64, value: u64) -> Result<bool> {
+        let line = self.line(0, key);
+        account::record_write(line, 8);
+        self.pool.persist(line as *const u8, 8);
+        self.inner.update(key, value)
+    }
+    fn get(&self, key: u64) -> Result<Option<u64>> {
+        account::record_read(self.line(1, key), 8);
+        self.inner.get(key)
+    }
+    fn remove(&self, key: u64) -> Result<bool> {
+        self.inner.remove(key)
+    }
+    fn scan(&self, start: u64, max: usize, out: &mut Vec<(u64, u64)>) -> Result<usize> {
+        self.inner.scan(start, max, out)
+    }
+    fn stats(&self) -> EngineStats {
+        EngineStats { pm_bytes_per_node: vec![4096, 8192], ..self.inner.stats() }
+    }
+    fn check(&self) -> Result<CheckReport> {
+        self.inner.check()
+    }
+}
+
+struct ToyTarget;
+
+impl Target for ToyTarget {
+    fn name(&self) -> String {
+        "pm-toy".into()
+    }
+    fn description(&self) -> String {
+        "one PM line per get/update".into()
+    }
+    fn persistent(&self) -> bool {
+        true
+    }
+    fn open(&self, env: &TargetEnv) -> numakv_bench::Result<Box<dyn TargetInstance>> {
+        let mut cfg = PoolConfig::new(EngineId::new("pm-toy", 1), 4 << 20);
+        cfg.nodes = env.topology.node_count();
+        cfg.mode = env.persist;
+        let pool = Pool::volatile(cfg).map_err(numakv_index::Error::from)?;
+        Ok(Box::new(ToyInstance(Arc::new(Toy { pool, inner: Peer::RwLockBTree.new_index() }))))
+    }
+}
+
+struct ToyInstance(Arc<Toy>);
+
+impl TargetInstance for ToyInstance {
+    fn index(&self) -> Arc<dyn Index> {
+        self.0.clone()
+    }
+}
+
+#[test]
+fn runner_reports_pm_lines_remote_share_flushes_and_space() {
+    let config = BenchConfig {
+        workload: "ycsb-a".into(),
+        dist: Some("uniform".parse().unwrap()),
+        keys: Some(2_000),
+        ops: Some(20_000),
+        threads: vec![2],
+        nodes: 2,
+        placement: Placement::Interleave,
+        quiet: true,
+        ..BenchConfig::default()
+    };
+    let targets: Vec<Arc<dyn Target>> = vec![Arc::new(ToyTarget)];
+    let report = run(&config, &targets, Progress::Hidden).unwrap();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let r = &report.runs[0];
+    let near = |x: f64, want: f64| (x - want).abs() < 0.03;
+    // ycsb-a: half gets (one line read), half updates (one line written, flushed, fenced).
+    assert!(near(r.pm_reads_per_op, 0.5), "reads {}", r.pm_reads_per_op);
+    assert!(near(r.pm_writes_per_op, 0.5), "writes {}", r.pm_writes_per_op);
+    assert!(near(r.flushes_per_op, 0.5), "flushes {}", r.flushes_per_op);
+    assert!(near(r.fences_per_op, 0.5), "fences {}", r.fences_per_op);
+    // The two workers sit on nodes 0 and 1 and do half the operations each: worker 0's reads
+    // (of node 1) and worker 1's writes (of node 0) are remote.
+    assert!(near(r.remote_reads_per_op, 0.25), "remote reads {}", r.remote_reads_per_op);
+    assert!(near(r.remote_writes_per_op, 0.25), "remote writes {}", r.remote_writes_per_op);
+    assert!((r.remote_share - 0.5).abs() < 0.05, "remote share {}", r.remote_share);
+    assert_eq!((r.pm_bytes, r.pm_bytes_per_node.clone()), (12_288, vec![4096, 8192]));
+    assert!(!account::enabled(), "the runner turns accounting off after the run");
+}
