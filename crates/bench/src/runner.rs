@@ -442,16 +442,6 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid constant histogram bounds")
 }
 
-fn add_stats(a: &mut AccessStats, b: &AccessStats) {
-    a.ops += b.ops;
-    a.reads_local += b.reads_local;
-    a.reads_remote += b.reads_remote;
-    a.writes_local += b.writes_local;
-    a.writes_remote += b.writes_remote;
-    a.flushes += b.flushes;
-    a.fences += b.fences;
-}
-
 /// Runs one operation; `Ok(true)` if it found what it acted on.
 #[inline]
 fn execute(
@@ -826,7 +816,7 @@ fn run_one(
     let mut acc = AccessStats::default();
     for o in &outs {
         let _ = hist.add(&o.hist);
-        add_stats(&mut acc, &o.stats);
+        acc.add(&o.stats);
     }
     let per_op = |x: u64| if ops == 0 { 0.0 } else { x as f64 / ops as f64 };
     let (p50, p99, p999, max) = if hist.is_empty() {

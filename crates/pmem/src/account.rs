@@ -304,7 +304,8 @@ impl AccessStats {
             fences: self.fences.saturating_sub(earlier.fences),
         }
     }
-    fn add(&mut self, o: &AccessStats) {
+    /// Adds `o` field by field (aggregating threads or runs).
+    pub fn add(&mut self, o: &AccessStats) {
         self.ops += o.ops;
         self.reads_local += o.reads_local;
         self.reads_remote += o.reads_remote;
