@@ -48,21 +48,15 @@ impl FastFair {
     /// Removes `key`.
     pub(crate) fn delete(&self, key: u64) -> Result<bool> {
         let guard = epoch::pin();
-        loop {
-            let leaf = self.descend(0, key, &guard)?;
-            let Some(g) = self.lock_covering(leaf, key)? else {
-                self.retry();
-                continue;
-            };
-            let node = g.node();
-            let (used, at) = self.locate(node, key);
-            let Ok(pos) = at else { return Ok(false) };
-            self.shift_delete(node, pos, used);
-            if used - 1 <= self.cap / 4 {
-                self.try_merge(&g, &guard)?;
-            }
-            return Ok(true);
+        let g = self.lock_leaf(key, &guard)?;
+        let node = g.node();
+        let (used, at) = self.locate(node, key);
+        let Ok(pos) = at else { return Ok(false) };
+        self.shift_delete(node, pos, used);
+        if used - 1 <= self.cap / 4 {
+            self.try_merge(&g, &guard)?;
         }
+        Ok(true)
     }
 
     /// Writers' repair of a locked node's slots: removes hidden slots and duplicates (left

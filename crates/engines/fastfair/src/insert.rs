@@ -154,36 +154,46 @@ impl FastFair {
         }
     }
 
+    /// Locks the leaf covering `key`, restarting the descent when a merge removed a node on
+    /// the way.
+    pub(crate) fn lock_leaf<'a>(
+        &'a self,
+        key: u64,
+        guard: &epoch::Guard,
+    ) -> Result<WriteGuard<'a>> {
+        loop {
+            let leaf = self.descend(0, key, guard)?;
+            match self.lock_covering(leaf, key)? {
+                Some(g) => return Ok(g),
+                None => self.retry(),
+            }
+        }
+    }
+
     /// insert / upsert / update of a leaf entry.
     pub(crate) fn write(&self, key: u64, val: u64, kind: WriteKind) -> Result<bool> {
         let guard = epoch::pin();
-        loop {
-            let leaf = self.descend(0, key, &guard)?;
-            let Some(g) = self.lock_covering(leaf, key)? else {
-                self.retry();
-                continue;
-            };
-            let node = g.node();
-            let (used, at) = self.locate(node, key);
-            return match (at, kind) {
-                (Ok(_), WriteKind::Insert) => Ok(false),
-                (Ok(i), _) => {
-                    // An 8-byte store: readers see the old or the new value, never a mix.
-                    node.entries[i].val.store(val, Ordering::Release);
-                    // PERSIST: the new value is durable before the operation returns.
-                    self.pool.persist(node.slot_addr(i), 16);
-                    Ok(true)
-                }
-                (Err(_), WriteKind::Update) => Ok(false),
-                (Err(pos), _) if used < self.cap => {
-                    self.shift_insert(node, pos, used, key, val);
-                    Ok(true)
-                }
-                (Err(_), _) => {
-                    self.split_insert(&g, key, val, &guard)?;
-                    Ok(true)
-                }
-            };
+        let g = self.lock_leaf(key, &guard)?;
+        let node = g.node();
+        let (used, at) = self.locate(node, key);
+        match (at, kind) {
+            (Ok(_), WriteKind::Insert) => Ok(false),
+            (Ok(i), _) => {
+                // An 8-byte store: readers see the old or the new value, never a mix.
+                node.entries[i].val.store(val, Ordering::Release);
+                // PERSIST: the new value is durable before the operation returns.
+                self.pool.persist(node.slot_addr(i), 16);
+                Ok(true)
+            }
+            (Err(_), WriteKind::Update) => Ok(false),
+            (Err(pos), _) if used < self.cap => {
+                self.shift_insert(node, pos, used, key, val);
+                Ok(true)
+            }
+            (Err(_), _) => {
+                self.split_insert(&g, key, val, &guard)?;
+                Ok(true)
+            }
         }
     }
 }
