@@ -115,14 +115,36 @@ impl std::fmt::Debug for Shadow {
 /// # Safety
 /// Both pointers must be 64-byte aligned and valid for 64 bytes.
 unsafe fn copy_line(src: *const u8, dst: *mut u8) {
-    for w in 0..LINE / 8 {
+    // SAFETY: per the caller's contract.
+    let line = unsafe { read_line_stable(src) };
+    for (w, chunk) in line.chunks_exact(8).enumerate() {
+        let v = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk"));
         // SAFETY: aligned, in-bounds words per the caller's contract; AtomicU64 has the layout
         // of u64.
-        unsafe {
-            let v = (*(src.add(w * 8) as *const AtomicU64)).load(Ordering::Relaxed);
-            (*(dst.add(w * 8) as *const AtomicU64)).store(v, Ordering::Relaxed);
-        }
+        unsafe { (*(dst.add(w * 8) as *const AtomicU64)).store(v, Ordering::Relaxed) };
     }
+}
+
+/// Reads a line that other threads may be writing as one consistent snapshot, as the hardware
+/// writes a line back at one instant: word-by-word reads racing a writer could combine a later
+/// store with a missing earlier one (a state that never existed, e.g. a FAST slot's new value
+/// beside its old key). Re-reads until two consecutive reads agree (bounded; a line rewritten
+/// that fast is taken as last read).
+///
+/// # Safety
+/// `src` must be 64-byte aligned and valid for 64 bytes.
+unsafe fn read_line_stable(src: *const u8) -> [u8; LINE] {
+    // SAFETY: per the caller's contract.
+    let mut last = unsafe { read_line(src) };
+    for _ in 0..1_000 {
+        // SAFETY: per the caller's contract.
+        let again = unsafe { read_line(src) };
+        if again == last {
+            break;
+        }
+        last = again;
+    }
+    last
 }
 
 /// Reads one line into a buffer, as `copy_line`.
@@ -190,6 +212,16 @@ impl Shadow {
             let opts = *self.scheduled.lock();
             self.crash(work, opts);
             return true;
+        }
+        if self.is_frozen() {
+            // Another thread is simulating the power failure, evicting dirty lines while it
+            // holds the image lock. On a real machine everything stops at that instant; here
+            // other threads keep running, so a fence must not complete until the image is
+            // final — else the thread would go on to store lines it believes are ordered after
+            // durable ones, and the eviction could capture those later stores without the earlier
+            // ones (a state no power failure produces).
+            drop(self.image_lock.lock());
+            return false;
         }
         let lines = std::mem::take(&mut *self.pending[numakv_numa::tid()].lock());
         if !lines.is_empty() {
@@ -313,7 +345,8 @@ fn for_each_dirty_line(work: *const u8, img: &Mapping, mut f: impl FnMut(usize))
         }
         for off in (page..page + chunk).step_by(LINE) {
             // SAFETY: aligned lines inside both mappings.
-            let (cur, old) = unsafe { (read_line(work.add(off)), read_line(img.ptr().add(off))) };
+            let (cur, old) =
+                unsafe { (read_line_stable(work.add(off)), read_line(img.ptr().add(off))) };
             if cur != old {
                 f(off);
             }
