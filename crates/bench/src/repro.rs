@@ -75,7 +75,7 @@ pub struct ReproOptions {
     pub seed: u64,
     /// No progress bars.
     pub quiet: bool,
-    /// Where stores are created (default: the system temp directory).
+    /// Where stores are created (default: [`crate::default_scratch`]).
     pub scratch: Option<PathBuf>,
 }
 
