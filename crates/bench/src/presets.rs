@@ -140,7 +140,7 @@ pub fn by_name(name: &str) -> Result<Workload> {
         // warm-up plus measured deletes must not exceed the keys (the default leaves room for
         // the default 10% warm-up).
         "nstore-delete100" => {
-            let mut d = w(Mix::only(Remove)).with_dist(Dist::Sequential);
+            let mut d = w(Mix::only(Remove)).with_dist(Dist::Sequential).consuming_keys();
             d.default_ops = d.default_keys * 9 / 10;
             d
         }

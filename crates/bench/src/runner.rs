@@ -360,10 +360,12 @@ pub fn run_workloads(
         w.validate()?;
     }
     let total = (workloads.len() * targets.len() * config.threads.len()) as u64;
+    let timed = workloads.iter().filter(|w| !w.consumes_keys).count() * targets.len();
+    let timed = (timed * config.threads.len()) as u64;
     let mut config = config.clone();
     if let (Some(budget), None, None) = (config.budget, config.ops, config.duration) {
         let (lo, hi) = BUDGET_RUN_SECONDS;
-        config.duration = Some((budget / total.max(1) as f64).clamp(lo, hi));
+        config.duration = Some((budget / timed.max(1) as f64).clamp(lo, hi));
     }
     let config = &config;
     let ui = Ui::new(progress, config.quiet);
@@ -672,9 +674,19 @@ fn run_one(
     ui: &Ui,
 ) -> Result<RunResult> {
     let keys = config.keys.unwrap_or(workload.default_keys);
-    let total_ops = config.ops.unwrap_or(workload.default_ops);
+    let total_ops = match config.ops {
+        Some(n) => n,
+        // Warm-up and measured operations must not outnumber the keys they use up.
+        None if workload.consumes_keys => {
+            // (Less one per worker: each rounds its warm-up share up.)
+            let room = (keys as f64 / (1.0 + config.warmup)) as u64;
+            let room = room.saturating_sub(threads as u64);
+            workload.default_ops.min(room)
+        }
+        None => workload.default_ops,
+    };
     let plan_for = |share: u64| share.div_ceil(threads as u64);
-    let plan = match config.duration {
+    let plan = match config.duration.filter(|_| !workload.consumes_keys) {
         Some(d) => Plan::Time {
             warm: Duration::from_secs_f64(d * config.warmup),
             measured: Duration::from_secs_f64(d),

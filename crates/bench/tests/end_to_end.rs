@@ -241,6 +241,22 @@ fn timed_runs_and_hotspot_shift() {
 }
 
 #[test]
+fn workloads_that_use_up_their_keys_run_by_count_under_a_time_budget() {
+    let mut config = small("nstore-delete100", vec![2]);
+    config.engines = vec!["scc-treeindex".into()];
+    config.keys = Some(5_000);
+    config.ops = None;
+    config.budget = Some(0.5);
+    let t = target::resolve(&config.engines, &peers::all()).unwrap();
+    let report = run(&config, &t, Progress::Hidden).unwrap();
+    let r = &report.runs[0];
+    // As many deletes as the keys allow after the warm-up, every one a hit — not half a second
+    // of deletes of keys already gone.
+    assert!(r.ops > 4_000 && r.ops < 5_000, "{}", r.ops);
+    assert_eq!(r.miss_ratio, 0.0);
+}
+
+#[test]
 fn unknown_engines_are_named() {
     let err = target::resolve(&["scc-treeindex,btrfs".into()], &peers::all()).unwrap_err();
     let msg = err.to_string();

@@ -178,7 +178,8 @@ pub struct BenchArgs {
     /// Measured operations per run, all threads together (instead of --budget).
     #[arg(long, value_name = "N", value_parser = parse_count, conflicts_with = "duration")]
     pub ops: Option<u64>,
-    /// Measured seconds per run (instead of --budget).
+    /// Measured seconds per run (instead of --budget); workloads that use up their keys
+    /// (nstore-delete100) always run by count.
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Measured seconds spread over all runs (each 0.25-5 s); ignored with --ops or --duration.
