@@ -12,7 +12,7 @@
 //!     40     8  high      exclusive upper bound of the node's key range (u64::MAX = +inf)
 //!     48     4  level     0 = leaf
 //!     52     4  magic     NODE_MAGIC
-//!     56     8  flags     bit 0 DEAD: merged away, unreachable; every other bit 0
+//!     56     8  flags     bit 0 DEAD: merged away or replaced as root, unreachable; others 0
 //!     64  16·n  entries   n = (node_size - 64) / 16 slots of (key, value) — internal: (separator, child)
 //! ```
 //!
@@ -62,7 +62,8 @@ pub const END: u64 = u64::MAX;
 
 /// `magic` of every node.
 pub const NODE_MAGIC: u32 = 0x4646_4e44; // "FFND"
-/// `flags` bit: the node was merged into its left sibling and is unreachable.
+/// `flags` bit: the node was merged into its left sibling, or was the root and was replaced by
+/// its only child (root shrink); it is unreachable.
 pub const FLAG_DEAD: u64 = 1;
 
 /// Root slot holding the root node's PPtr, relative to
