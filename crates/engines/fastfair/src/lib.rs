@@ -159,15 +159,16 @@ impl FastFair {
         let tree = FastFair::new_handle(pool, nsm, opts.node_size, base);
         let root = tree.alloc_node()?;
         tree.init_node(root, 0, PPtr::NULL, 0, END, PPtr::NULL, &[])?;
-        let meta = tree.root_slot(layout::SLOT_META)?;
-        meta.store(layout::meta_word(opts.node_size), Ordering::Release);
         let slot = tree.root_slot(layout::SLOT_ROOT)?;
         slot.store(root.raw(), Ordering::Release);
-        // PERSIST: the root node was persisted by init_node; the format word and the root pointer
-        // become durable after it (they may share a header line; either order is fine, as open
-        // requires both).
-        tree.pool.flush_obj(meta);
+        // PERSIST: the root pointer is durable (after the root node, persisted by init_node)
+        // before the format word that declares the tree: with an arbitrary base the two slots
+        // may lie in different header lines, and the format word is the commit point.
         tree.pool.persist_obj(slot);
+        let meta = tree.root_slot(layout::SLOT_META)?;
+        meta.store(layout::meta_word(opts.node_size), Ordering::Release);
+        // PERSIST: the tree exists durably before create returns.
+        tree.pool.persist_obj(meta);
         Ok(tree)
     }
 
