@@ -10,7 +10,9 @@
 //!    shift, split or merge) are removed by the writers' repair (delete.rs);
 //! 3. links orphans bottom-up: a node in a level's chain that no parent references (a split
 //!    whose parent insert was lost, or a merge rolled back) gets its separator inserted through
-//!    the ordinary path; a root level with more than one node gets a new root (lost root split).
+//!    the ordinary path; a root level with more than one node gets a new root (lost root split);
+//! 4. shrinks the root while it is internal and has no entries (a merge emptied it and the root
+//!    switch was lost), freeing the old root at once.
 //!
 //! Between crashes, readers and writers do not need any of this: they follow sibling pointers
 //! past orphans and skip hidden slots and duplicates (the "instant recovery" of the paper); the
@@ -29,6 +31,7 @@ use numakv_pmem::{PPtr, Pool};
 
 use crate::layout::{self, Node, END, ENGINE, HIDDEN, NODE_MAGIC};
 use crate::lock::WriteGuard;
+use crate::smo::Reclaim;
 use crate::{FastFair, FastFairOptions};
 
 /// Valid child pointers of an internal node, in key order: the leftmost child, then the child
@@ -106,21 +109,70 @@ fn walk(pool: &Pool, node_size: usize, root: PPtr) -> Result<Vec<Vec<PPtr>>> {
     Ok(levels)
 }
 
-/// [`numakv_index::Engine::open`] for FAST&FAIR.
+/// The format word and the chains of the tree at `base`: node size, levels top first.
+fn read_tree(pool: &Pool, base: usize) -> Result<(usize, Vec<Vec<PPtr>>)> {
+    layout::validate_root_slot_base(base)?;
+    let meta = pool.root(base + layout::SLOT_META)?.load(Ordering::Acquire);
+    let node_size = layout::decode_meta(meta)
+        .filter(|&s| layout::validate_node_size(s).is_ok())
+        .ok_or_else(|| {
+            Error::corrupted(
+                ENGINE,
+                format!(
+                    "format word {meta:#x} in root slot {} is not a fastfair format \
+                         (wrong root_slot_base?)",
+                    base + layout::SLOT_META
+                ),
+            )
+        })?;
+    let root = PPtr::from_raw(pool.root(base + layout::SLOT_ROOT)?.load(Ordering::Acquire));
+    let levels = walk(pool, node_size, root)?;
+    Ok((node_size, levels))
+}
+
+/// [`FastFair::reachable`].
+pub(crate) fn reachable(pool: &Pool, opts: &FastFairOptions) -> Result<Vec<PPtr>> {
+    let (_, levels) = read_tree(pool, opts.root_slot_base)?;
+    Ok(levels.into_iter().flatten().collect())
+}
+
+/// [`numakv_index::Engine::open`] for FAST&FAIR: NSM is recovered with this tree's nodes as
+/// the only reachable blocks.
 pub(crate) fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair, RecoveryReport)> {
     let t0 = Instant::now();
-    let meta = pool.root(layout::SLOT_META)?.load(Ordering::Acquire);
-    let node_size =
-        layout::decode_meta(meta).filter(|&s| layout::validate_node_size(s).is_ok()).ok_or_else(
-            || Error::corrupted(ENGINE, format!("format word {meta:#x} is not a fastfair format")),
-        )?;
-    let root = PPtr::from_raw(pool.root(layout::SLOT_ROOT)?.load(Ordering::Acquire));
-    let levels = walk(&pool, node_size, root)?;
-    let nodes: u64 = levels.iter().map(|l| l.len() as u64).sum();
+    let (node_size, levels) = read_tree(&pool, opts.root_slot_base)?;
     let reachable: Vec<PPtr> = levels.iter().flatten().copied().collect();
     let (nsm, nrec) = Nsm::recover(Arc::clone(&pool), opts.nsm_mode, reachable)?;
-    let tree = FastFair::new_handle(pool, nsm, node_size);
+    let tree = FastFair::new_handle(pool, nsm, node_size, opts.root_slot_base);
+    let mut report = repair(&tree, &levels, t0)?;
+    report.counters.push(("nsm_free_blocks", nrec.blocks_free));
+    report.counters.push(("pages_reclaimed", nrec.pages_freed + nrec.large_freed));
+    Ok((tree, report))
+}
 
+/// [`FastFair::open_with`]: NSM was recovered by the caller.
+pub(crate) fn open_with(
+    pool: Arc<Pool>,
+    nsm: Arc<Nsm>,
+    opts: &FastFairOptions,
+) -> Result<(FastFair, RecoveryReport)> {
+    let t0 = Instant::now();
+    let (node_size, levels) = read_tree(&pool, opts.root_slot_base)?;
+    let allocated = nsm.allocated_blocks();
+    if let Some(p) = levels.iter().flatten().find(|p| allocated.binary_search(p).is_err()) {
+        return Err(Error::corrupted(
+            ENGINE,
+            format!("node {p} is not allocated in the given NSM (recovered without this tree?)"),
+        ));
+    }
+    let tree = FastFair::new_handle(pool, nsm, node_size, opts.root_slot_base);
+    let report = repair(&tree, &levels, t0)?;
+    Ok((tree, report))
+}
+
+/// Steps 2–4 of the module docs on a tree whose NSM is recovered.
+fn repair(tree: &FastFair, levels: &[Vec<PPtr>], t0: Instant) -> Result<RecoveryReport> {
+    let nodes: u64 = levels.iter().map(|l| l.len() as u64).sum();
     // Step 2: node-local repairs.
     let mut ranges_fixed = 0u64;
     for p in levels.iter().flatten() {
@@ -132,9 +184,14 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair,
     }
     // Step 3: orphans, bottom-up.
     let orphans = tree.link_orphans()?;
+    // Step 4: an emptied root.
+    let shrinks_before = tree.counters.root_shrinks.load(Ordering::Relaxed);
+    let root = WriteGuard::lock(tree.node(tree.root()?)?, tree.generation);
+    tree.shrink_root(root, Reclaim::Now)?;
+    let roots_shrunk = tree.counters.root_shrinks.load(Ordering::Relaxed) - shrinks_before;
 
     let c = &tree.counters;
-    let report = RecoveryReport {
+    Ok(RecoveryReport {
         was_clean: tree.pool.was_clean(),
         elapsed: t0.elapsed(),
         counters: vec![
@@ -142,11 +199,9 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair,
             ("ranges_fixed", ranges_fixed),
             ("slots_repaired", c.repairs.load(Ordering::Relaxed)),
             ("orphans_linked", orphans),
-            ("nsm_free_blocks", nrec.blocks_free),
-            ("pages_reclaimed", nrec.pages_freed + nrec.large_freed),
+            ("roots_shrunk", roots_shrunk),
         ],
-    };
-    Ok((tree, report))
+    })
 }
 
 impl FastFair {
