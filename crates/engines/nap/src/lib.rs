@@ -104,6 +104,18 @@ pub struct NapOptions<O> {
     /// Run the switch thread (hot-set identification); without it switches happen only
     /// through [`Nap::switch_to`].
     pub background: bool,
+    /// Called on the switching thread as a switch enters each [`phase`] (tests: crash points).
+    pub phase_hook: PhaseHook,
+}
+
+/// A callback run as a switch enters each [`phase`]; none by default.
+#[derive(Clone, Default)]
+pub struct PhaseHook(pub Option<Arc<dyn Fn(u8) + Send + Sync>>);
+
+impl fmt::Debug for PhaseHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "PhaseHook(set)" } else { "PhaseHook(none)" })
+    }
 }
 
 impl<O: Default> Default for NapOptions<O> {
@@ -121,6 +133,7 @@ impl<O: Default> Default for NapOptions<O> {
             detect_uniform: true,
             min_count: 2,
             background: true,
+            phase_hook: PhaseHook::default(),
         }
     }
 }
@@ -168,7 +181,18 @@ pub(crate) struct Shared<I> {
     pub stall: Mutex<Option<switch::Stall>>,
     pub stalled: AtomicBool,
     pub phase: AtomicU8,
+    pub phase_hook: PhaseHook,
     pub counters: Counters,
+}
+
+impl<I> Shared<I> {
+    /// Records the switch's phase (and tells the hook).
+    pub(crate) fn enter(&self, p: u8) {
+        self.phase.store(p, Ordering::Relaxed);
+        if let Some(h) = &self.phase_hook.0 {
+            h(p);
+        }
+    }
 }
 
 /// A raw engine `I` made NUMA-aware; see the [crate docs](crate).
@@ -200,6 +224,7 @@ impl<I: Inner> Nap<I> {
             stall: Mutex::new(None),
             stalled: AtomicBool::new(false),
             phase: AtomicU8::new(phase::IDLE),
+            phase_hook: opts.phase_hook.clone(),
             counters: Counters::default(),
         });
         let stop = Arc::new(AtomicBool::new(false));

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use numakv_index::{Error, RecoveryReport, Result};
+use numakv_pmem::alloc::epoch;
 use numakv_pmem::{PPtr, Pool};
 
 use crate::layout::{
@@ -86,6 +87,7 @@ pub(crate) fn open<I: Inner>(
         }
     };
     let mut flushed = 0u64;
+    let mut removed = 0u64;
     for slot in [SLOT_PRE, SLOT_CUR] {
         let root = PPtr::from_raw(pool.root(slot)?.load(Ordering::Acquire));
         if root.is_null() {
@@ -97,6 +99,7 @@ pub(crate) fn open<I: Inner>(
             }
             if version & DEL != 0 {
                 raw.remove(key)?;
+                removed += 1;
             } else {
                 raw.upsert(key, value)?;
             }
@@ -105,6 +108,14 @@ pub(crate) fn open<I: Inner>(
     }
     for slot in [SLOT_PRE, SLOT_CUR, SLOT_GC] {
         clear(&pool, slot)?;
+    }
+    if removed > 0 {
+        // Removes may have merged raw nodes, whose blocks wait for an epoch grace period; no
+        // other thread runs yet, so a few flushes of the epoch machinery return them now and the
+        // recovered store starts without blocks allocated but unreachable.
+        for _ in 0..64 {
+            epoch::pin().flush();
+        }
     }
     let mut extents = 0u64;
     for node in 0..pool.nodes() {

@@ -122,7 +122,7 @@ impl<I: Inner> Shared<I> {
             return Ok(SwitchReport { keys: keys.len(), unchanged: true, ..Default::default() });
         }
         // Phase 1: build, log, publish.
-        self.phase.store(phase::INSTALL, Ordering::Relaxed);
+        self.enter(phase::INSTALL);
         *seq += 1;
         let n = keys.len();
         let new: *mut Nal = if keys.is_empty() {
@@ -131,7 +131,7 @@ impl<I: Inner> Shared<I> {
             match Nal::build(&self.pool, keys, *seq) {
                 Ok(nal) => Box::into_raw(Box::new(nal)),
                 Err(e) => {
-                    self.phase.store(phase::IDLE, Ordering::Relaxed);
+                    self.enter(phase::IDLE);
                     return Err(e);
                 }
             }
@@ -143,14 +143,14 @@ impl<I: Inner> Shared<I> {
                 let nal = unsafe { Box::from_raw(new) };
                 let _ = nal.free_pm();
             }
-            self.phase.store(phase::IDLE, Ordering::Relaxed);
+            self.enter(phase::IDLE);
             return Err(e);
         }
         self.grace.set_unwritable(new);
         self.grace.publish(new, old);
         // Phase 2 begins with the first grace period: afterwards every operation sees NAL_new,
         // so NAL_old and (for NAL_new's keys) the raw index are no longer written.
-        self.phase.store(phase::FLUSH, Ordering::Relaxed);
+        self.enter(phase::FLUSH);
         self.grace.wait_grace_period();
         // SAFETY: `new` is installed; only this thread frees it, in a later switch.
         if let Some(nal) = unsafe { new.as_ref() } {
@@ -160,6 +160,9 @@ impl<I: Inner> Shared<I> {
         }
         self.grace.set_unwritable(std::ptr::null_mut());
         flushed += self.finish_pending()?;
+        if self.phase.load(Ordering::Relaxed) != phase::IDLE {
+            self.enter(phase::IDLE); // there was no previous NAL to flush
+        }
         self.counters.switches.fetch_add(1, Ordering::Relaxed);
         Ok(SwitchReport { keys: n, flushed, elapsed: t0.elapsed(), unchanged: false })
     }
@@ -172,7 +175,7 @@ impl<I: Inner> Shared<I> {
         let Some(pre_nal) = (unsafe { pre.as_ref() }) else {
             return Ok(0);
         };
-        self.phase.store(phase::FLUSH, Ordering::Relaxed);
+        self.enter(phase::FLUSH);
         let flushed = match self.flush_nal(pre_nal) {
             Ok(n) => n,
             Err(e) => {
@@ -184,7 +187,7 @@ impl<I: Inner> Shared<I> {
             }
         };
         // Phase 3.
-        self.phase.store(phase::RECYCLE, Ordering::Relaxed);
+        self.enter(phase::RECYCLE);
         log_pointers(&self.pool, root_of(cur), PPtr::NULL, pre_nal.root())?;
         self.grace.publish(cur, std::ptr::null_mut());
         self.stalled.store(false, Ordering::Release);
@@ -202,7 +205,7 @@ impl<I: Inner> Shared<I> {
         // SAFETY: unpublished, and the grace period above waited out every operation that
         // could hold it; this thread installed it with Box::into_raw.
         drop(unsafe { Box::from_raw(pre) });
-        self.phase.store(phase::IDLE, Ordering::Relaxed);
+        self.enter(phase::IDLE);
         freed.map(|()| flushed)
     }
 
