@@ -316,17 +316,32 @@ impl EngineConfig for FastFairOptions {
 /// Nap's own keys; a Nap engine's table is these plus its raw engine's.
 const NAP_KEYS: &[OptionKey] = &[
     OptionKey { key: "hot", help: "hot-set size in keys (100000 in the paper)" },
-    OptionKey { key: "sample", help: "record one operation in N per thread (32); 0: no hot-set tracking" },
+    OptionKey {
+        key: "sample",
+        help: "record one operation in N per thread (32); 0: no hot-set tracking",
+    },
     OptionKey { key: "check_period_ms", help: "period of the hot-set check in milliseconds (200)" },
-    OptionKey { key: "switch_threshold", help: "switch when more than this share of hot keys differ (0.25)" },
+    OptionKey {
+        key: "switch_threshold",
+        help: "switch when more than this share of hot keys differ (0.25)",
+    },
     OptionKey { key: "sketch_width", help: "count-min sketch counters per row (850000; 3 rows)" },
-    OptionKey { key: "detect_uniform", help: "install the empty NAL under uniform workloads: true | false" },
-    OptionKey { key: "background", help: "run the switch thread: true | false (false: no switches)" },
+    OptionKey {
+        key: "detect_uniform",
+        help: "install the empty NAL under uniform workloads: true | false",
+    },
+    OptionKey {
+        key: "background",
+        help: "run the switch thread: true | false (false: no switches)",
+    },
     OptionKey {
         key: "node_size",
         help: "raw FAST&FAIR: node size in bytes, a multiple of 64 in 256..=4096 (512)",
     },
-    OptionKey { key: "nsm_mode", help: "raw FAST&FAIR: node placement: local | round-robin | node:N" },
+    OptionKey {
+        key: "nsm_mode",
+        help: "raw FAST&FAIR: node placement: local | round-robin | node:N",
+    },
 ];
 
 fn parse<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
