@@ -17,6 +17,7 @@ use std::str::FromStr;
 
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
+use numakv_nap::{Nap, NapOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
 
 use crate::error::{Error, Result};
@@ -41,11 +42,14 @@ pub enum EngineKind {
     /// FAST&FAIR (Hwang et al., FAST'18): PM-only B+-tree with failure-atomic shifts and
     /// in-place rebalancing, lock-free reads, B-link siblings. The baseline of every paper.
     FastFair,
+    /// Nap (Wang et al., OSDI'21) over FAST&FAIR: DRAM global view and per-node PM partial views
+    /// of the hot keys, hot-set switch; the raw tree holds the rest.
+    NapFastFair,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
-    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair];
+    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair, EngineKind::NapFastFair];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -57,6 +61,7 @@ impl EngineKind {
     pub(crate) fn with<F: WithEngine>(self, f: F) -> F::Output {
         match self {
             EngineKind::FastFair => f.run::<FastFair>(),
+            EngineKind::NapFastFair => f.run::<Nap<FastFair>>(),
         }
     }
 
@@ -173,6 +178,8 @@ pub(crate) trait WithEngine {
 pub enum EngineOptions {
     /// Options of [`EngineKind::FastFair`].
     FastFair(FastFairOptions),
+    /// Options of [`EngineKind::NapFastFair`].
+    NapFastFair(NapOptions<FastFairOptions>),
 }
 
 impl EngineOptions {
@@ -180,6 +187,7 @@ impl EngineOptions {
     pub fn kind(&self) -> EngineKind {
         match self {
             EngineOptions::FastFair(_) => EngineKind::FastFair,
+            EngineOptions::NapFastFair(_) => EngineKind::NapFastFair,
         }
     }
 
@@ -270,7 +278,6 @@ impl EngineConfig for FastFairOptions {
         EngineOptions::FastFair(self)
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap(opts: &EngineOptions) -> Option<&Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -278,7 +285,6 @@ impl EngineConfig for FastFairOptions {
         }
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -304,6 +310,104 @@ impl EngineConfig for FastFairOptions {
 
     fn values(&self) -> Vec<(&'static str, String)> {
         vec![("node_size", self.node_size.to_string()), ("nsm_mode", self.nsm_mode.to_string())]
+    }
+}
+
+/// Nap's own keys; a Nap engine's table is these plus its raw engine's.
+const NAP_KEYS: &[OptionKey] = &[
+    OptionKey { key: "hot", help: "hot-set size in keys (100000 in the paper)" },
+    OptionKey {
+        key: "sample",
+        help: "record one operation in N per thread (32); 0: no hot-set tracking",
+    },
+    OptionKey { key: "check_period_ms", help: "period of the hot-set check in milliseconds (200)" },
+    OptionKey {
+        key: "switch_threshold",
+        help: "switch when more than this share of hot keys differ (0.25)",
+    },
+    OptionKey { key: "sketch_width", help: "count-min sketch counters per row (850000; 3 rows)" },
+    OptionKey {
+        key: "detect_uniform",
+        help: "install the empty NAL under uniform workloads: true | false",
+    },
+    OptionKey {
+        key: "background",
+        help: "run the switch thread: true | false (false: no switches)",
+    },
+    OptionKey {
+        key: "node_size",
+        help: "raw FAST&FAIR: node size in bytes, a multiple of 64 in 256..=4096 (512)",
+    },
+    OptionKey {
+        key: "nsm_mode",
+        help: "raw FAST&FAIR: node placement: local | round-robin | node:N",
+    },
+];
+
+fn parse<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
+    value.parse().map_err(|_| format!("{key}: {value:?} is not a valid value"))
+}
+
+impl EngineConfig for NapOptions<FastFairOptions> {
+    const KEYS: &'static [OptionKey] = NAP_KEYS;
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::NapFastFair(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::NapFastFair(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::NapFastFair(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "hot" => self.hot = parse(key, value)?,
+            "sample" => self.sample = parse(key, value)?,
+            "check_period_ms" => {
+                let ms: u64 = parse(key, value)?;
+                if ms == 0 {
+                    return Err("check_period_ms must be positive".into());
+                }
+                self.check_period = std::time::Duration::from_millis(ms);
+            }
+            "switch_threshold" => {
+                let t: f64 = parse(key, value)?;
+                if !(0.0..=1.0).contains(&t) {
+                    return Err(format!("switch_threshold: {t} is not in 0..=1"));
+                }
+                self.switch_threshold = t;
+            }
+            "sketch_width" => self.sketch_width = parse(key, value)?,
+            "detect_uniform" => self.detect_uniform = parse(key, value)?,
+            "background" => self.background = parse(key, value)?,
+            "node_size" | "nsm_mode" => self.inner.set(key, value)?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("hot", self.hot.to_string()),
+            ("sample", self.sample.to_string()),
+            ("check_period_ms", self.check_period.as_millis().to_string()),
+            ("switch_threshold", self.switch_threshold.to_string()),
+            ("sketch_width", self.sketch_width.to_string()),
+            ("detect_uniform", self.detect_uniform.to_string()),
+            ("background", self.background.to_string()),
+        ];
+        v.extend(self.inner.values());
+        v
     }
 }
 
@@ -346,7 +450,7 @@ mod tests {
         assert!(err.contains("node_size") && err.contains("nsm_mode"), "{err}");
         o.set("nsm_mode", "node:1").unwrap();
         o.set("node_size", "1K").unwrap();
-        let EngineOptions::FastFair(ff) = o;
+        let EngineOptions::FastFair(ff) = o else { unreachable!() };
         assert_eq!(ff.nsm_mode, NsmMode::Node(1));
         assert_eq!(ff.node_size, 1024);
     }

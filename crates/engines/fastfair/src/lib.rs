@@ -312,7 +312,7 @@ impl Engine for FastFair {
     fn create(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<FastFair> {
         layout::validate_node_size(opts.node_size)?;
         layout::validate_root_slot_base(opts.root_slot_base)?;
-        if pool.header().engine.name != Self::NAME {
+        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
             return Err(Error::InvalidOptions(format!(
                 "pool belongs to engine {:?}, not {}",
                 pool.header().engine.name,
