@@ -78,6 +78,10 @@ pub struct RunResult {
     pub recover_ms: Option<f64>,
     /// The seed of the run.
     pub seed: u64,
+    /// The engine's own counters after the run (splits, merges, switches, GC runs, ...), from
+    /// `Index::stats`; JSON only (the CSV has fixed columns).
+    #[serde(default)]
+    pub counters: std::collections::BTreeMap<String, u64>,
 }
 
 /// A run that did not produce a result.

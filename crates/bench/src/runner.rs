@@ -905,6 +905,7 @@ fn run_one(
         reopen_ms,
         recover_ms,
         seed: config.seed,
+        counters: stats.counters.iter().map(|&(k, v)| (k.to_owned(), v)).collect(),
     })
 }
 

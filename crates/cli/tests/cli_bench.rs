@@ -117,6 +117,7 @@ fn a_tiny_bench_writes_table_json_csv_and_plot() {
     assert!(ff["pm_writes_per_op"].as_f64().unwrap() > 0.0, "{ff}");
     assert!(ff["flushes_per_op"].as_f64().unwrap() > 0.0, "{ff}");
     assert!(ff["pm_bytes"].as_u64().unwrap() > 0, "{ff}");
+    assert!(ff["counters"]["height"].as_u64().is_some_and(|h| h >= 2), "{ff}");
     assert!(ff["reopen_ms"].as_f64().is_some() && ff["recover_ms"].as_f64().is_some(), "{ff}");
     assert_eq!(peer["pm_reads_per_op"].as_f64(), Some(0.0));
     assert!(peer["reopen_ms"].is_null());
