@@ -17,6 +17,7 @@ use std::str::FromStr;
 
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
+use numakv_nobtree::{Nobtree, NobtreeOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
 
 use crate::error::{Error, Result};
@@ -41,11 +42,14 @@ pub enum EngineKind {
     /// FAST&FAIR (Hwang et al., FAST'18): PM-only B+-tree with failure-atomic shifts and
     /// in-place rebalancing, lock-free reads, B-link siblings. The baseline of every paper.
     FastFair,
+    /// NOBtree (Chu et al., TCAD'24): per-NUMA-node replicas of a static upper layer over
+    /// write-optimized PM subindexes, node migration, NSM placement.
+    Nobtree,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
-    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair];
+    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair, EngineKind::Nobtree];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -57,6 +61,7 @@ impl EngineKind {
     pub(crate) fn with<F: WithEngine>(self, f: F) -> F::Output {
         match self {
             EngineKind::FastFair => f.run::<FastFair>(),
+            EngineKind::Nobtree => f.run::<Nobtree>(),
         }
     }
 
@@ -173,6 +178,8 @@ pub(crate) trait WithEngine {
 pub enum EngineOptions {
     /// Options of [`EngineKind::FastFair`].
     FastFair(FastFairOptions),
+    /// Options of [`EngineKind::Nobtree`].
+    Nobtree(NobtreeOptions),
 }
 
 impl EngineOptions {
@@ -180,6 +187,7 @@ impl EngineOptions {
     pub fn kind(&self) -> EngineKind {
         match self {
             EngineOptions::FastFair(_) => EngineKind::FastFair,
+            EngineOptions::Nobtree(_) => EngineKind::Nobtree,
         }
     }
 
@@ -270,7 +278,6 @@ impl EngineConfig for FastFairOptions {
         EngineOptions::FastFair(self)
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap(opts: &EngineOptions) -> Option<&Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -278,7 +285,6 @@ impl EngineConfig for FastFairOptions {
         }
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -304,6 +310,91 @@ impl EngineConfig for FastFairOptions {
 
     fn values(&self) -> Vec<(&'static str, String)> {
         vec![("node_size", self.node_size.to_string()), ("nsm_mode", self.nsm_mode.to_string())]
+    }
+}
+
+impl EngineConfig for NobtreeOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey {
+            key: "height",
+            help: "subindex height threshold: levels per subindex, 1..=8 (default 2); fixed at create",
+        },
+        OptionKey {
+            key: "nsm_mode",
+            help: "where bottom nodes are placed: round-robin (the paper's) | local | node:N",
+        },
+        OptionKey {
+            key: "rebuild_threshold",
+            help: "rebuild the upper layer when the average steps along the root list per insert exceed this",
+        },
+        OptionKey {
+            key: "rebuild_min_ops",
+            help: "inserts since the last rebuild before that average is trusted",
+        },
+        OptionKey { key: "migration", help: "the node-migration coordinator: on | off" },
+        OptionKey {
+            key: "migration_sample_every",
+            help: "sample one operation in this many per thread (10 in the paper)",
+        },
+        OptionKey {
+            key: "migration_hot_threshold",
+            help: "sampled accesses within a window that make a leaf hot",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::Nobtree(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::Nobtree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::Nobtree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        fn num<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
+            value.parse::<T>().map_err(|_| format!("{key}: {value:?} is not a number"))
+        }
+        match key {
+            "height" => self.height = num(key, value)?,
+            "nsm_mode" => {
+                self.nsm_mode = value.parse::<NsmMode>().map_err(|e| format!("nsm_mode: {e}"))?;
+            }
+            "rebuild_threshold" => self.rebuild_threshold = num(key, value)?,
+            "rebuild_min_ops" => self.rebuild_min_ops = num(key, value)?,
+            "migration" => {
+                self.migration.enabled = match value {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("migration: {value:?} is not on | off")),
+                }
+            }
+            "migration_sample_every" => self.migration.sample_every = num(key, value)?,
+            "migration_hot_threshold" => self.migration.hot_threshold = num(key, value)?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("height", self.height.to_string()),
+            ("nsm_mode", self.nsm_mode.to_string()),
+            ("rebuild_threshold", self.rebuild_threshold.to_string()),
+            ("rebuild_min_ops", self.rebuild_min_ops.to_string()),
+            ("migration", if self.migration.enabled { "on" } else { "off" }.to_string()),
+            ("migration_sample_every", self.migration.sample_every.to_string()),
+            ("migration_hot_threshold", self.migration.hot_threshold.to_string()),
+        ]
     }
 }
 
@@ -346,7 +437,7 @@ mod tests {
         assert!(err.contains("node_size") && err.contains("nsm_mode"), "{err}");
         o.set("nsm_mode", "node:1").unwrap();
         o.set("node_size", "1K").unwrap();
-        let EngineOptions::FastFair(ff) = o;
+        let EngineOptions::FastFair(ff) = o else { panic!("fastfair options") };
         assert_eq!(ff.nsm_mode, NsmMode::Node(1));
         assert_eq!(ff.node_size, 1024);
     }

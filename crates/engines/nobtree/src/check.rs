@@ -36,6 +36,8 @@ fn bad(what: impl Into<String>) -> Error {
 
 impl Tree {
     pub(crate) fn check_tree(&self) -> Result<CheckReport> {
+        // The coordinator is a writer too: hold it off for the duration.
+        let _paused = self.migrator.as_ref().map(|m| m.pause());
         let head = self.head()?;
         let levels = walk(&self.pool, head, self.height)?;
         let mut entries = 0u64;

@@ -81,8 +81,8 @@ pub struct NobtreeOptions {
     pub rebuild_threshold: f64,
     /// Inserts since the last rebuild before the average is trusted.
     pub rebuild_min_ops: u64,
-    /// The migration coordinator (§III-D); `None` turns it off.
-    pub migration: Option<MigrationOptions>,
+    /// The migration coordinator (§III-D); `enabled: false` turns it off.
+    pub migration: MigrationOptions,
 }
 
 impl Default for NobtreeOptions {
@@ -92,7 +92,7 @@ impl Default for NobtreeOptions {
             nsm_mode: NsmMode::RoundRobin,
             rebuild_threshold: 0.5,
             rebuild_min_ops: 1000,
-            migration: Some(MigrationOptions::default()),
+            migration: MigrationOptions::default(),
         }
     }
 }
@@ -226,16 +226,14 @@ impl Tree {
         if !(opts.rebuild_threshold.is_finite() && opts.rebuild_threshold > 0.0) {
             return Err(Error::InvalidOptions("rebuild_threshold must be positive".into()));
         }
-        if let Some(m) = &opts.migration {
-            m.validate()?;
-        }
+        opts.migration.validate()?;
         Ok(())
     }
 
     /// Starts the coordinator thread if the options ask for it.
     fn start_migrator(mut self) -> Result<Arc<Tree>> {
         let mig = self.opts.migration.clone();
-        self.migrator = mig.map(|m| Migrator::new(m, self.pool.nodes()));
+        self.migrator = mig.enabled.then(|| Migrator::new(mig, self.pool.nodes()));
         let tree = Arc::new(self);
         if let Some(m) = &tree.migrator {
             m.start(&tree)?;

@@ -51,6 +51,8 @@ use crate::Tree;
 /// Options of the migration coordinator.
 #[derive(Clone, Debug)]
 pub struct MigrationOptions {
+    /// Run the coordinator (statistics, queue, background thread).
+    pub enabled: bool,
     /// Sample one operation in this many per thread (the paper: 10).
     pub sample_every: u32,
     /// Samples after which the statistics table is cleared (the monitoring window).
@@ -66,6 +68,7 @@ pub struct MigrationOptions {
 impl Default for MigrationOptions {
     fn default() -> Self {
         MigrationOptions {
+            enabled: true,
             sample_every: 10,
             window: 1 << 16,
             hot_threshold: 8,
@@ -127,6 +130,8 @@ pub(crate) struct Migrator {
     wake: Condvar,
     /// Set while the coordinator works on a popped candidate (for `drain`).
     busy: AtomicBool,
+    /// Holders of [`Migrator::pause`]; the coordinator takes no candidate while nonzero.
+    paused: AtomicU64,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     counters: MigCounters,
@@ -142,6 +147,7 @@ impl Migrator {
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             busy: AtomicBool::new(false),
+            paused: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
             counters: MigCounters::default(),
@@ -172,6 +178,23 @@ impl Migrator {
                 let _ = h.join();
             }
         }
+    }
+
+    /// Holds the coordinator off (for `check()`, which must see a quiescent tree): returns once
+    /// no migration runs, and none starts until the guard is dropped.
+    pub(crate) fn pause(&self) -> PauseGuard<'_> {
+        {
+            let _q = self.queue.lock();
+            // ORDERING: under the queue mutex, which the coordinator holds when it checks the
+            // count and sets `busy`: after this, no new migration starts.
+            self.paused.fetch_add(1, Ordering::Relaxed);
+        }
+        // ORDERING: Acquire; pairs with the Release that clears `busy` after a migration, so
+        // its stores are visible to the pausing thread.
+        while self.busy.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        PauseGuard(self)
     }
 
     /// Waits until the queue is empty and no migration runs.
@@ -262,6 +285,17 @@ impl Migrator {
     }
 }
 
+/// Keeps the coordinator paused while alive (see [`Migrator::pause`]).
+#[derive(Debug)]
+pub(crate) struct PauseGuard<'a>(&'a Migrator);
+
+impl Drop for PauseGuard<'_> {
+    fn drop(&mut self) {
+        self.0.paused.fetch_sub(1, Ordering::Relaxed);
+        self.0.wake.notify_all();
+    }
+}
+
 /// The coordinator thread's loop.
 fn coordinator(tree: Weak<Tree>) {
     loop {
@@ -275,7 +309,7 @@ fn coordinator(tree: Weak<Tree>) {
             if q.is_empty() {
                 m.wake.wait_for(&mut q, Duration::from_millis(20));
             }
-            let c = q.pop_front();
+            let c = if m.paused.load(Ordering::Relaxed) == 0 { q.pop_front() } else { None };
             if c.is_some() {
                 m.busy.store(true, Ordering::Release);
             }

@@ -128,7 +128,7 @@ fn migrations_race_with_operations() {
 fn coordinator_moves_hot_remote_leaves() {
     let opts = NobtreeOptions {
         nsm_mode: NsmMode::Node(0),
-        migration: Some(MigrationOptions { hot_threshold: 4, ..Default::default() }),
+        migration: MigrationOptions { hot_threshold: 4, ..Default::default() },
         ..Default::default()
     };
     let t = volatile(&opts);

@@ -13,7 +13,9 @@ pub const CAP: u64 = 32 << 20;
 
 /// Options without the background coordinator (deterministic crash tests).
 pub fn quiet() -> NobtreeOptions {
-    NobtreeOptions { migration: None, ..Default::default() }
+    let mut o = NobtreeOptions::default();
+    o.migration.enabled = false;
+    o
 }
 
 pub fn pool_cfg(mode: PersistMode, sim: SimMode) -> PoolConfig {
