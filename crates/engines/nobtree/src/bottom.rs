@@ -281,6 +281,13 @@ impl Tree {
         // PERSIST: the shorter slot word is durable before the call returns; the record's bytes
         // stay as garbage in a now-free slot.
         self.pool.persist(n.hdr_addr(), 64);
+        let leaf = n.ptr;
+        drop(g);
+        if pos.len() <= crate::smo::MERGE_TRIGGER {
+            // The delete is durable; a merge that fails (out of space cannot happen: it
+            // allocates nothing) or aborts leaves a valid tree.
+            let _ = self.try_merge(leaf, &guard);
+        }
         Ok(true)
     }
 }

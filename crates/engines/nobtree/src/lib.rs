@@ -59,6 +59,7 @@ use numakv_index::{
 };
 use numakv_pmem::alloc::epoch::{self, Atomic};
 use numakv_pmem::alloc::nsm::{Nsm, NsmMode};
+use numakv_pmem::alloc::PmAllocator;
 use numakv_pmem::{PPtr, Pool};
 use parking_lot::Mutex;
 
@@ -101,6 +102,7 @@ impl Default for NobtreeOptions {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub splits: AtomicU64,
+    pub merges: AtomicU64,
     pub subindex_splits: AtomicU64,
     pub grows: AtomicU64,
     pub upper_insert_failed: AtomicU64,
@@ -160,6 +162,9 @@ pub(crate) struct Tree {
     /// Serialises the growth of the first subindex (a new root above the head).
     pub(crate) grow_lock: Mutex<()>,
     pub(crate) next_id: AtomicU64,
+    /// Blocks retired and not yet freed (awaiting their epoch grace period); `check()` does
+    /// not count them as allocated.
+    pub(crate) retiring: Arc<AtomicU64>,
     pub(crate) walk: WalkStats,
     pub(crate) counters: Counters,
     pub(crate) migrator: Option<Migrator>,
@@ -191,6 +196,7 @@ impl Tree {
             upper_lock: Mutex::new(Vec::new()),
             grow_lock: Mutex::new(()),
             next_id: AtomicU64::new(next_id),
+            retiring: Arc::new(AtomicU64::new(0)),
             walk: WalkStats::new(),
             counters: Counters::default(),
             migrator: None,
@@ -213,6 +219,28 @@ impl Tree {
     pub(crate) fn head(&self) -> Result<PPtr> {
         // ORDERING: Acquire; pairs with the Release store of a grown root in smo.rs.
         Ok(PPtr::from_raw(self.pool.root(layout::SLOT_HEAD)?.load(Ordering::Acquire)))
+    }
+
+    /// Frees `p` after the epoch grace period (see [`numakv_pmem::alloc::retire`]), counting it
+    /// in `retiring` meanwhile.
+    ///
+    /// # Safety
+    /// `p` is an NSM block of this tree, unreachable for new readers, retired once.
+    pub(crate) unsafe fn retire_block(&self, guard: &epoch::Guard, p: PPtr) {
+        self.retiring.fetch_add(1, Ordering::Relaxed);
+        let nsm = Arc::downgrade(&self.nsm);
+        let retiring = Arc::clone(&self.retiring);
+        // SAFETY: the closure is 'static and Send (a Weak, an Arc, a Copy pointer); crossbeam
+        // runs it after every thread pinned now has unpinned, when nobody can reach `p`.
+        guard.defer(move || {
+            if let Some(nsm) = nsm.upgrade() {
+                // SAFETY: the caller's contract makes this the one free of `p`, after all
+                // readers left. A failing free (the pool crashed meanwhile) is dropped: recovery
+                // reclaims the block.
+                let _ = unsafe { nsm.free(p) };
+            }
+            retiring.fetch_sub(1, Ordering::Relaxed);
+        });
     }
 
     pub(crate) fn retry(&self) {
@@ -372,6 +400,7 @@ impl Index for Tree {
         let temp = self.upper_lock.lock().len() as u64;
         let mut counters = vec![
             ("splits", get(&c.splits)),
+            ("merges", get(&c.merges)),
             ("subindex_splits", get(&c.subindex_splits)),
             ("root_grows", get(&c.grows)),
             ("upper_insert_failed", get(&c.upper_insert_failed)),

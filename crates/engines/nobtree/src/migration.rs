@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use numakv_index::{Error, Result};
 use numakv_pmem::alloc::epoch;
-use numakv_pmem::alloc::{retire, PmAllocator};
+use numakv_pmem::alloc::PmAllocator;
 use numakv_pmem::{PPtr, Pool};
 use parking_lot::{Condvar, Mutex};
 
@@ -507,7 +507,9 @@ impl Tree {
         drop(lg);
         // SAFETY: `node` is unlinked (parent and previous sibling name the copy, and it is
         // marked obsolete for anyone holding it); it is retired once, after the grace period.
-        unsafe { retire(&self.nsm, &guard, node) };
+        unsafe { self.retire_block(&guard, node) };
+        // Hand the deferred free to the global queue now: the coordinator may sleep for long.
+        guard.flush();
         Ok(true)
     }
 

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use numakv_index::Result;
 use numakv_pmem::alloc::epoch::{Guard, Owned};
-use numakv_pmem::alloc::{retire, PmAllocator};
+use numakv_pmem::alloc::PmAllocator;
 use numakv_pmem::PPtr;
 
 use crate::bottom::{find, init_node, insert_record, Step};
@@ -281,7 +281,7 @@ impl Tree {
         unsafe {
             if let Some(o) = old.as_ref() {
                 for &p in &o.replicas {
-                    retire(&self.nsm, &guard, p);
+                    self.retire_block(&guard, p);
                 }
             }
             guard.defer_destroy(old);
@@ -292,3 +292,117 @@ impl Tree {
         Ok(())
     }
 }
+
+/// Merge (leaves only) — see docs/design.md "NOBtree", "Merge".
+impl Tree {
+    /// After a delete left `count` records in the leaf at `leaf`: merges its right sibling into
+    /// it when both are sparse. Returns whether it merged. Never merges subindex roots (the
+    /// upper layer names them) or a right sibling that is its parent's leftmost child.
+    ///
+    /// Protocol (locks: the leaf, its right sibling, then their parent — the order migration
+    /// uses; no other thread holds two node locks):
+    /// 1. remove the sibling's separator from the parent (persist): the sibling is now reached
+    ///    only through the leaf's sibling pointer, like an orphan of a split;
+    /// 2. copy the sibling's records into free slots of the leaf and list them in the leaf's
+    ///    slot word (persist): they lie beyond the leaf's high key, so they are invisible (a
+    ///    crash here: recovery trims them and re-links the sibling);
+    /// 3. store the sibling's functional sibling into the leaf's shadow pointer (persist), flip
+    ///    `sib_ver` (persist) — the commit: the leaf covers the sibling's range, the sibling is
+    ///    unreachable;
+    /// 4. mark the sibling obsolete, unlock, retire it under the epoch.
+    pub(crate) fn try_merge(&self, leaf: PPtr, guard: &Guard) -> Result<bool> {
+        if self.top() == 0 {
+            return Ok(false);
+        }
+        let ng = WriteGuard::lock(self.node(leaf)?);
+        let n = ng.node();
+        if n.is_obsolete() || n.level() != 0 {
+            return Ok(false);
+        }
+        let ns = ng.state();
+        let rp = n.sibling(ns);
+        if rp.is_null() {
+            return Ok(false);
+        }
+        let rg = WriteGuard::lock(self.node(rp)?);
+        let r = rg.node();
+        if r.is_obsolete() {
+            return Ok(false);
+        }
+        let nw = n.slots();
+        let rw = r.slots();
+        let rs = rg.state();
+        let (rsib, rhigh) = self.high_of(&r, rs)?;
+        let rrecs: Vec<(u64, u64)> =
+            r.records(rw).into_iter().filter(|&(k, _)| k < rhigh).collect();
+        if sl_count(nw) + rrecs.len() > MERGE_MAX {
+            return Ok(false);
+        }
+        let rlow = r.low();
+        let mut path = Vec::new();
+        let (mut pp, _) = self.descend(rlow, 1, &mut path, guard)?;
+        let pg = loop {
+            let g = WriteGuard::lock(self.node(pp)?);
+            match self.must_leave(&g.node(), g.state(), rlow)? {
+                Some(Step::Right(s)) => pp = s,
+                Some(Step::Restart) => return Ok(false),
+                None => break g,
+            }
+        };
+        let p = pg.node();
+        let pw = p.slots();
+        let Some(q) = find(&p, pw, rlow).filter(|&q| p.val(q) == rp.raw()) else {
+            return Ok(false); // the parent's leftmost child, or an orphan: not merged
+        };
+        // Step 1.
+        let ppos: Vec<usize> = sl_positions(pw).into_iter().filter(|&x| x != q).collect();
+        // ORDERING: Release; version-validated readers see either slot word.
+        p.hdr.slots.store(sl_build(&ppos), Ordering::Release);
+        let ps = pg.state();
+        pg.set_state(st_with(ps, ppos.len() as u64, st_sib_ver(ps)));
+        // PERSIST: the separator is gone before the sibling's records move.
+        self.pool.persist(p.hdr_addr(), 64);
+        drop(pg);
+        // Step 2.
+        let mut pos = sl_positions(nw);
+        let mut used: u16 = pos.iter().fold(0, |a, &x| a | (1 << x));
+        for &(k, v) in &rrecs {
+            let Some(free) = (0..RECORDS).find(|&x| used & (1 << x) == 0) else {
+                return Ok(false); // cannot happen: counted above
+            };
+            used |= 1 << free;
+            n.recs[free].key.store(k, Ordering::Relaxed);
+            n.recs[free].val.store(v, Ordering::Relaxed);
+            pos.push(free);
+            // PERSIST (batched below): the copied records.
+            self.pool.flush(n.rec_addr(free), 16);
+        }
+        self.pool.fence();
+        // ORDERING: Release; the listed records (beyond the high key for now) are published.
+        n.hdr.slots.store(sl_build(&pos), Ordering::Release);
+        // PERSIST: the copies are durable (fence above) and listed before the flip.
+        self.pool.persist(n.hdr_addr(), 64);
+        // Step 3.
+        let v = st_sib_ver(ns);
+        n.hdr.sib[((v + 1) & 1) as usize].store(rsib.raw(), Ordering::Release);
+        // PERSIST: the shadow pointer before the flip.
+        self.pool.persist(n.hdr_addr(), 64);
+        ng.set_state(st_with(ns, pos.len() as u64, v + 1));
+        // PERSIST: the flip (commit): the sibling is unlinked.
+        self.pool.persist(n.hdr_addr(), 64);
+        // Step 4.
+        r.hdr.meta.store(layout::meta_word(0, layout::FLAG_OBSOLETE), Ordering::Release);
+        drop(rg);
+        drop(ng);
+        // SAFETY: `rp` is unreachable (no parent entry, no sibling pointer) and marked obsolete
+        // for threads holding it; retired once, after the grace period.
+        unsafe { self.retire_block(guard, rp) };
+        self.counters.merges.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+/// Most records a merged leaf may hold (room is left for inserts before it splits again).
+const MERGE_MAX: usize = 8;
+/// A delete that leaves at most this many records tries a merge.
+pub(crate) const MERGE_TRIGGER: usize = 2;

@@ -51,10 +51,19 @@ fn sequential_inserts_every_height() {
         for k in (1..=5000u64).rev().step_by(3) {
             assert!(t.remove(k).unwrap());
         }
+        // Sparse leaves merge (log-free, through the shadow sibling pointer).
+        for k in (1..=4000u64).filter(|k| k % 5 != 0 && (5000 - k) % 3 != 0) {
+            assert!(t.remove(k).unwrap(), "height {height}: remove {k}");
+        }
+        if height > 1 {
+            assert!(counter(&t, "merges") > 0, "height {height}: no merge");
+        }
         t.check().unwrap_or_else(|e| panic!("height {height}: {e}"));
         let mut out = Vec::new();
         t.scan(1, usize::MAX, &mut out).unwrap();
-        assert_eq!(out.len(), 5000 - 5000usize.div_ceil(3));
+        let want: Vec<u64> =
+            (1..=5000u64).filter(|k| (5000 - k) % 3 != 0 && (*k > 4000 || k % 5 == 0)).collect();
+        assert_eq!(out.iter().map(|e| e.0).collect::<Vec<_>>(), want, "height {height}");
     }
 }
 
