@@ -86,13 +86,22 @@ struct Variant {
     description: &'static str,
 }
 
-const VARIANTS: &[Variant] = &[Variant {
-    name: "fastfair-interleave",
-    kind: EngineKind::FastFair,
-    settings: &[("nsm_mode", "round-robin")],
-    description: "fastfair engine with NUMA-oblivious placement: nodes from every NUMA node in \
-                  turn (the original FAST&FAIR on interleaved PM)",
-}];
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "fastfair-interleave",
+        kind: EngineKind::FastFair,
+        settings: &[("nsm_mode", "round-robin")],
+        description: "fastfair engine with NUMA-oblivious placement: nodes from every NUMA node \
+                      in turn (the original FAST&FAIR on interleaved PM)",
+    },
+    Variant {
+        name: "nobtree-nomigrate",
+        kind: EngineKind::Nobtree,
+        settings: &[("migration", "off")],
+        description: "nobtree engine with the migration coordinator off: replicated upper layer \
+                      and round-robin bottom nodes only (papers/nobtree.txt §III-D ablation)",
+    },
+];
 
 /// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.
 pub fn all() -> Vec<Arc<dyn Target>> {

@@ -164,6 +164,8 @@ fn list_names_every_target_workload_and_reproduction() {
     for name in [
         "fastfair",
         "fastfair-interleave",
+        "nobtree",
+        "nobtree-nomigrate",
         "crossbeam-skiplist",
         "scc-treeindex",
         "rwlock-btreemap",
@@ -175,7 +177,10 @@ fn list_names_every_target_workload_and_reproduction() {
     }
     let repros = numakv(&["repro", "list"], cwd.path());
     assert_eq!(repros.code, 0);
-    assert_eq!(repros.stdout.lines().count(), 3, "{repros:?}");
+    assert_eq!(repros.stdout.lines().count(), 5, "{repros:?}");
+    for name in ["pm-lines", "space", "recovery", "nobtree-remote", "nobtree-migration"] {
+        assert!(repros.stdout.lines().any(|l| l.starts_with(name)), "{name}: {repros:?}");
+    }
 }
 
 #[test]

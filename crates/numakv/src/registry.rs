@@ -18,6 +18,7 @@ use std::str::FromStr;
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
 use numakv_nap::{Nap, NapOptions};
+use numakv_nobtree::{Nobtree, NobtreeOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
 
 use crate::error::{Error, Result};
@@ -45,11 +46,15 @@ pub enum EngineKind {
     /// Nap (Wang et al., OSDI'21) over FAST&FAIR: DRAM global view and per-node PM partial views
     /// of the hot keys, hot-set switch; the raw tree holds the rest.
     NapFastFair,
+    /// NOBtree (Chu et al., TCAD'24): per-NUMA-node replicas of a static upper layer over
+    /// write-optimized PM subindexes, node migration, NSM placement.
+    Nobtree,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
-    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair, EngineKind::NapFastFair];
+    pub const ALL: &'static [EngineKind] =
+        &[EngineKind::FastFair, EngineKind::NapFastFair, EngineKind::Nobtree];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -62,6 +67,7 @@ impl EngineKind {
         match self {
             EngineKind::FastFair => f.run::<FastFair>(),
             EngineKind::NapFastFair => f.run::<Nap<FastFair>>(),
+            EngineKind::Nobtree => f.run::<Nobtree>(),
         }
     }
 
@@ -180,6 +186,8 @@ pub enum EngineOptions {
     FastFair(FastFairOptions),
     /// Options of [`EngineKind::NapFastFair`].
     NapFastFair(NapOptions<FastFairOptions>),
+    /// Options of [`EngineKind::Nobtree`].
+    Nobtree(NobtreeOptions),
 }
 
 impl EngineOptions {
@@ -188,6 +196,7 @@ impl EngineOptions {
         match self {
             EngineOptions::FastFair(_) => EngineKind::FastFair,
             EngineOptions::NapFastFair(_) => EngineKind::NapFastFair,
+            EngineOptions::Nobtree(_) => EngineKind::Nobtree,
         }
     }
 
@@ -408,6 +417,91 @@ impl EngineConfig for NapOptions<FastFairOptions> {
         ];
         v.extend(self.inner.values());
         v
+    }
+}
+
+impl EngineConfig for NobtreeOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey {
+            key: "height",
+            help: "subindex height threshold: levels per subindex, 1..=8 (default 2); fixed at create",
+        },
+        OptionKey {
+            key: "nsm_mode",
+            help: "where bottom nodes are placed: round-robin (the paper's) | local | node:N",
+        },
+        OptionKey {
+            key: "rebuild_threshold",
+            help: "rebuild the upper layer when the average steps along the root list per insert exceed this",
+        },
+        OptionKey {
+            key: "rebuild_min_ops",
+            help: "inserts since the last rebuild before that average is trusted",
+        },
+        OptionKey { key: "migration", help: "the node-migration coordinator: on | off" },
+        OptionKey {
+            key: "migration_sample_every",
+            help: "sample one operation in this many per thread (10 in the paper)",
+        },
+        OptionKey {
+            key: "migration_hot_threshold",
+            help: "sampled accesses within a window that make a leaf hot",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::Nobtree(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::Nobtree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::Nobtree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        fn num<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
+            value.parse::<T>().map_err(|_| format!("{key}: {value:?} is not a number"))
+        }
+        match key {
+            "height" => self.height = num(key, value)?,
+            "nsm_mode" => {
+                self.nsm_mode = value.parse::<NsmMode>().map_err(|e| format!("nsm_mode: {e}"))?;
+            }
+            "rebuild_threshold" => self.rebuild_threshold = num(key, value)?,
+            "rebuild_min_ops" => self.rebuild_min_ops = num(key, value)?,
+            "migration" => {
+                self.migration.enabled = match value {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("migration: {value:?} is not on | off")),
+                }
+            }
+            "migration_sample_every" => self.migration.sample_every = num(key, value)?,
+            "migration_hot_threshold" => self.migration.hot_threshold = num(key, value)?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("height", self.height.to_string()),
+            ("nsm_mode", self.nsm_mode.to_string()),
+            ("rebuild_threshold", self.rebuild_threshold.to_string()),
+            ("rebuild_min_ops", self.rebuild_min_ops.to_string()),
+            ("migration", if self.migration.enabled { "on" } else { "off" }.to_string()),
+            ("migration_sample_every", self.migration.sample_every.to_string()),
+            ("migration_hot_threshold", self.migration.hot_threshold.to_string()),
+        ]
     }
 }
 
