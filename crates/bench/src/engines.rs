@@ -125,6 +125,32 @@ pub fn available() -> Vec<Arc<dyn Target>> {
     out
 }
 
+/// What the word `default` selects in `--engines`: every engine with its paper defaults, then
+/// the DRAM peers — the comparison `numakv bench` runs without arguments (the variants, which
+/// each change one mechanism, are for targeted runs and `all`).
+pub fn default_names() -> Vec<String> {
+    let engines = EngineKind::all().iter().map(|k| k.name().to_owned());
+    engines.chain(crate::peers::all().iter().map(|p| p.name())).collect()
+}
+
+/// [`crate::target::resolve`] over [`available`], where `default` stands for
+/// [`default_names`] and `all` for everything.
+///
+/// # Errors
+///
+/// As [`crate::target::resolve`].
+pub fn select(names: &[String]) -> Result<Vec<Arc<dyn Target>>> {
+    let mut expanded = Vec::new();
+    for entry in names.iter().flat_map(|n| n.split(',')).map(str::trim) {
+        if entry.eq_ignore_ascii_case("default") {
+            expanded.extend(default_names());
+        } else {
+            expanded.push(entry.to_owned());
+        }
+    }
+    crate::target::resolve(&expanded, &available())
+}
+
 impl Target for EngineTarget {
     fn name(&self) -> String {
         self.name.clone()
@@ -238,6 +264,18 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), n, "duplicate target names");
         assert!(targets.iter().take(all().len()).all(|t| t.persistent()));
+    }
+
+    #[test]
+    fn default_is_every_engine_and_peer_without_variants() {
+        let picked = select(&["default".into()]).unwrap();
+        let names: Vec<String> = picked.iter().map(|t| t.name()).collect();
+        assert_eq!(names, default_names());
+        assert_eq!(names.len(), EngineKind::all().len() + crate::peers::all().len());
+        assert!(VARIANTS.iter().all(|v| !names.iter().any(|n| n == v.name)));
+        let mixed = select(&["fastfair-interleave,default".into()]).unwrap();
+        assert_eq!(mixed.len(), names.len() + 1);
+        assert_eq!(select(&["all".into()]).unwrap().len(), available().len());
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub enum Command {
     /// Structural check (fsck) of a store: page heaps and the engine's invariants.
     Check(DirArgs),
     /// Benchmark engines and DRAM peers on the papers' workloads; with no arguments, a
-    /// comparison of everything on two emulated NUMA nodes (about a minute).
+    /// comparison of every engine and the DRAM peers on two emulated NUMA nodes (about a minute).
     #[command(after_long_help = bench_help(), args_override_self = true)]
     Bench(Box<BenchArgs>),
     /// Run a scaled-down reproduction of a paper's table or figure (`repro list` lists them).
@@ -166,8 +166,9 @@ pub struct BenchArgs {
     /// Print the engines, variants, DRAM peers and workload presets, then exit.
     #[arg(long)]
     pub list: bool,
-    /// Targets to run, comma-separated, or `all` (see --list).
-    #[arg(long, short, value_name = "A,B|all", default_value = "all")]
+    /// Targets to run, comma-separated (see --list); `default`: every engine with its paper
+    /// defaults and the DRAM peers; `all`: also the engines' variants.
+    #[arg(long, short, value_name = "A,B|default|all", default_value = "default")]
     pub engines: String,
     /// Workload presets, comma-separated (see --list).
     #[arg(long, short, value_name = "NAME[,NAME]", default_value = numakv_bench::presets::DEFAULT_COMPARISON)]
@@ -263,8 +264,9 @@ pub struct ReproArgs {
     /// A reproduction's name, or `list`.
     #[arg(value_name = "NAME|list")]
     pub name: String,
-    /// Targets to include, comma-separated, or `all`.
-    #[arg(long, short, value_name = "A,B|all", default_value = "all")]
+    /// Targets to include, comma-separated; `default`: every engine with its paper defaults and
+    /// the DRAM peers; `all`: also the engines' variants.
+    #[arg(long, short, value_name = "A,B|default|all", default_value = "default")]
     pub engines: String,
     /// Where NAME.md, NAME.json and plots go [default: numakv-results/repro-NAME-<UTC time>].
     #[arg(long, value_name = "DIR")]
@@ -373,7 +375,7 @@ fn engine_options_help() -> String {
 fn bench_help() -> String {
     format!(
         "Examples:\n  \
-         numakv bench                                  # everything, default workloads, ~1 minute\n  \
+         numakv bench                                  # every engine + peers, default workloads, ~1 min\n  \
          numakv bench --list                           # targets and workload presets\n  \
          numakv bench -e fastfair,rwlock-btreemap -w ycsb-a --threads 1,2,4 --ops 1M\n  \
          numakv bench -w nstore-put100 --persist eadr --latency optane --out results\n\n\

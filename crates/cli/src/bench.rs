@@ -69,7 +69,7 @@ pub fn bench(
     let (mut config, default_out) = config(a);
     config.validate()?;
     let workloads = config.workloads()?;
-    let targets = target::resolve(&config.engines, &available)?;
+    let targets = engines::select(&config.engines)?;
     if default_out {
         config.out = Some(timestamped(RESULTS_DIR, "bench"));
     }
@@ -128,7 +128,7 @@ pub fn repro(
             available.join(", ")
         )));
     }
-    let targets = target::resolve(std::slice::from_ref(&a.engines), &engines::available())?;
+    let targets = engines::select(std::slice::from_ref(&a.engines))?;
     let opts = ReproOptions {
         out_dir: a
             .out
