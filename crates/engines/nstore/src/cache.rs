@@ -256,8 +256,7 @@ impl Cache {
             // A replacement: the count of occupied slots is unchanged.
             b.len.fetch_sub(1, Ordering::SeqCst);
         }
-        slots[coldest] =
-            Slot { key, value, tf: self.weight(owner, reader), node: owner as u32 };
+        slots[coldest] = Slot { key, value, tf: self.weight(owner, reader), node: owner as u32 };
         self.admissions.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -348,7 +347,10 @@ impl Cache {
 
     /// Items cached now.
     pub(crate) fn items(&self) -> u64 {
-        self.buckets.iter().map(|b| b.slots.lock().iter().filter(|s| s.key != 0).count() as u64).sum()
+        self.buckets
+            .iter()
+            .map(|b| b.slots.lock().iter().filter(|s| s.key != 0).count() as u64)
+            .sum()
     }
 
     /// Counters for `stats()`.

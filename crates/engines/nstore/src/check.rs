@@ -41,7 +41,8 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
     let files = inner.nlog.all_files();
     for f in &files {
         let h: &FileHeader = pool.get(f.base)?;
-        let info = FileInfo::read(h).map_err(|e| layout::corrupted(format!("file {}: {e}", f.info.id)))?;
+        let info =
+            FileInfo::read(h).map_err(|e| layout::corrupted(format!("file {}: {e}", f.info.id)))?;
         if info != f.info {
             return Err(layout::corrupted(format!("file {}: header changed", f.info.id)));
         }
@@ -65,7 +66,10 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
         }
     }
     if metas != pool.nodes() as u64 {
-        return Err(layout::corrupted(format!("{metas} node meta pages for {} nodes", pool.nodes())));
+        return Err(layout::corrupted(format!(
+            "{metas} node meta pages for {} nodes",
+            pool.nodes()
+        )));
     }
     Ok(CheckReport {
         entries: pairs.len() as u64,

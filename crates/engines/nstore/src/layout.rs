@@ -304,9 +304,8 @@ impl FileInfo {
     /// Writes the header (not persisted).
     pub fn write(&self, h: &FileHeader) {
         let w = self.words();
-        for (slot, v) in [&h.magic, &h.file_id, &h.node, &h.cluster, &h.size, &h.geometry]
-            .into_iter()
-            .zip(w)
+        for (slot, v) in
+            [&h.magic, &h.file_id, &h.node, &h.cluster, &h.size, &h.geometry].into_iter().zip(w)
         {
             slot.store(v, Ordering::Relaxed);
         }

@@ -249,8 +249,9 @@ impl Inner {
         let _key = self.lock_key(key);
         let old = self.index.get(key);
         let op = match (kind, old) {
-            (WriteKind::Insert, Some(_))
-            | (WriteKind::Update | WriteKind::Remove, None) => return Ok(false),
+            (WriteKind::Insert, Some(_)) | (WriteKind::Update | WriteKind::Remove, None) => {
+                return Ok(false)
+            }
             (WriteKind::Remove, Some(_)) => Op::Del,
             (_, Some(_)) => Op::Upd,
             (_, None) => Op::Ins,

@@ -226,8 +226,14 @@ impl Nlog {
     /// Allocates, initialises and registers a new file for (`node`, `cluster`).
     fn new_file(&self, node: usize, cluster: u32) -> Result<Arc<LogFile>> {
         let id = self.next_id(node)?;
-        let base = self.pool.alloc_pages(node, u64::from(self.file_pages), OWNER_ENGINE, AUX_LOG)?;
-        let info = FileInfo { id, node, cluster, size: u64::from(self.file_pages) * self.pool.page_size() };
+        let base =
+            self.pool.alloc_pages(node, u64::from(self.file_pages), OWNER_ENGINE, AUX_LOG)?;
+        let info = FileInfo {
+            id,
+            node,
+            cluster,
+            size: u64::from(self.file_pages) * self.pool.page_size(),
+        };
         let h: &FileHeader = self.pool.get(base)?;
         info.write(h);
         // PERSIST: the header is durable before any entry of the file can be (entries are

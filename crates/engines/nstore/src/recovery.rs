@@ -24,8 +24,8 @@ use numakv_index::{Error, RecoveryReport, Result};
 use numakv_pmem::{PPtr, Pool};
 
 use crate::layout::{
-    self, decode_format, decode_meta, FileHeader, FileInfo, NodeMeta, Op, VAddr, AUX_LOG,
-    AUX_META, AUX_SNAPSHOT, META_MAGIC, OWNER_ENGINE, SLOT_FORMAT, SLOT_SNAPSHOT,
+    self, decode_format, decode_meta, FileHeader, FileInfo, NodeMeta, Op, VAddr, AUX_LOG, AUX_META,
+    AUX_SNAPSHOT, META_MAGIC, OWNER_ENGINE, SLOT_FORMAT, SLOT_SNAPSHOT,
 };
 use crate::nlog::{LogFile, Nlog};
 use crate::vindex::{SccIndex, VolatileIndex};

@@ -83,11 +83,8 @@ fn reader(inner: &Inner, node: usize, rx: &Mutex<Receiver<Job>>) {
     loop {
         let job = rx.lock().recv();
         let Ok(job) = job else { return };
-        let out: Result<Vec<_>> = job
-            .items
-            .iter()
-            .map(|&(i, k, va)| inner.read_at(k, va).map(|v| (i, v)))
-            .collect();
+        let out: Result<Vec<_>> =
+            job.items.iter().map(|&(i, k, va)| inner.read_at(k, va).map(|v| (i, v))).collect();
         let _ = job.reply.send(out);
         if inner.stop.load(Ordering::Acquire) {
             return;

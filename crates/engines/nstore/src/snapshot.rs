@@ -118,7 +118,10 @@ pub(crate) fn load(pool: &Pool, p: PPtr, clusters: u32) -> std::result::Result<S
         if !unsafe { b.read(0, &mut buf) } {
             return Err("snapshot read out of range".into());
         }
-        Ok(buf.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+        Ok(buf
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
     };
     let h = read_words(0, SNAP_HEADER_WORDS)?;
     if h[0] != SNAP_MAGIC || h[1] != u64::from(clusters) {
@@ -154,7 +157,6 @@ pub(crate) fn load(pool: &Pool, p: PPtr, clusters: u32) -> std::result::Result<S
         .chunks_exact(3)
         .map(|w| ((w[0] >> 32) as usize, w[0] as u32, w[1] as u32, w[2] as u32))
         .collect();
-    let pairs =
-        body[c + 3 * nf as usize..].chunks_exact(2).map(|w| (w[0], VAddr(w[1]))).collect();
+    let pairs = body[c + 3 * nf as usize..].chunks_exact(2).map(|w| (w[0], VAddr(w[1]))).collect();
     Ok(Snapshot { versions, files, pairs })
 }
