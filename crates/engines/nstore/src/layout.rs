@@ -332,7 +332,7 @@ impl FileInfo {
         if w[5] != K_LEN | (V_LEN << 16) {
             return Err(format!("unsupported entry geometry {:#x}", w[5]));
         }
-        let id = u32::try_from(w[1]).ok().filter(|&i| i >= 1 && i <= MAX_FILE_ID);
+        let id = u32::try_from(w[1]).ok().filter(|i| (1..=MAX_FILE_ID).contains(i));
         let Some(id) = id else { return Err(format!("file id {} out of range", w[1])) };
         if w[4] < FILE_HEADER + ENTRY_SIZE {
             return Err(format!("file size {} holds no entry", w[4]));

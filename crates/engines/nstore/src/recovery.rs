@@ -79,7 +79,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, Rec
                     let hwm = m.id_hwm.load(Ordering::Acquire);
                     let hwm = u32::try_from(hwm)
                         .ok()
-                        .filter(|&h| h >= 1 && h <= layout::MAX_FILE_ID + 1)
+                        .filter(|h| (1..=layout::MAX_FILE_ID + 1).contains(h))
                         .ok_or_else(|| layout::corrupted(format!("node {node}: id mark {hwm}")))?;
                     if meta.replace((x.ptr, hwm)).is_some() {
                         return Err(layout::corrupted(format!("node {node}: two meta pages")));

@@ -22,8 +22,11 @@ use crate::{my_node, Inner};
 /// `(position, value or None when the file is gone)`.
 struct Job {
     items: Vec<(usize, u64, VAddr)>,
-    reply: Sender<Result<Vec<(usize, Option<u64>)>>>,
+    reply: Sender<Result<Values>>,
 }
+
+/// A read thread's answer: `(position, value or None when the file is gone)`.
+type Values = Vec<(usize, Option<u64>)>;
 
 /// The local read threads.
 #[derive(Debug)]

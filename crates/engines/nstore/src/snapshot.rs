@@ -54,7 +54,7 @@ pub(crate) fn write(inner: &Inner) -> Result<()> {
     let p = match pool.alloc_pages(0, pages, OWNER_ENGINE, AUX_SNAPSHOT) {
         Ok(p) => p,
         // No room: the next open scans the log instead.
-        Err(e) if matches!(e, numakv_pmem::PoolError::OutOfSpace { .. }) => return Ok(()),
+        Err(numakv_pmem::PoolError::OutOfSpace { .. }) => return Ok(()),
         Err(e) => return Err(e.into()),
     };
     let bytes = pool.bytes(p, (words * 8) as usize)?;

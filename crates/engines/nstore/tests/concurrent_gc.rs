@@ -64,7 +64,7 @@ fn gc_races_writers_readers_and_scans() {
                 s.scan(1, usize::MAX, &mut out).unwrap();
                 assert!(out.windows(2).all(|p| p[0].0 < p[1].0), "scan not ascending");
                 for &(k, v) in &out {
-                    assert!(k >= 1 && k <= KEYS && v & 0xff == (k - 1) % WRITERS, "bad pair");
+                    assert!((1..=KEYS).contains(&k) && v & 0xff == (k - 1) % WRITERS, "bad pair");
                 }
             }
         });
