@@ -143,9 +143,9 @@ pub fn run(
         "pm-lines" => pm_lines(targets, opts, progress)?,
         "space" => space(targets, opts, progress)?,
         "recovery" => recovery(targets, opts, progress)?,
-        "nstore-raf" => crate::repro_nstore::raf(opts, progress)?,
-        "nstore-recovery" => crate::repro_nstore::recovery(opts, progress)?,
-        "nstore-gc" => crate::repro_nstore::gc(opts, progress)?,
+        "nstore-raf" => crate::repro_nstore::raf(targets, opts, progress)?,
+        "nstore-recovery" => crate::repro_nstore::recovery(targets, opts, progress)?,
+        "nstore-gc" => crate::repro_nstore::gc(targets, opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

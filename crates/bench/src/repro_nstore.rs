@@ -1,6 +1,7 @@
 //! The NStore reproductions of `numakv repro` (papers/nstore.txt §V): `nstore-raf` (Figs.
 //! 10–11), `nstore-recovery` (Fig. 16) and `nstore-gc` (Fig. 15). Each builds its own NStore
-//! targets (the engine with the options the figure varies), whatever engines were asked for.
+//! targets (the engine with the options the figure varies) and runs the other targets it was
+//! given (those not named `nstore*`) beside them as references.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -19,22 +20,36 @@ use crate::runner::{run_workloads, BenchConfig, Progress};
 use crate::target::Target;
 use crate::workload::{Mix, OpKind, Workload};
 
+/// `own`, then the given targets that are not NStore variants.
+fn with_references(own: Vec<Arc<dyn Target>>, given: &[Arc<dyn Target>]) -> Vec<Arc<dyn Target>> {
+    let mut all = own;
+    all.extend(given.iter().filter(|t| !t.name().starts_with("nstore")).cloned());
+    all
+}
+
 fn target(name: &str, what: &str, settings: &[(&str, &str)]) -> Result<Arc<dyn Target>> {
     Ok(Arc::new(EngineTarget::variant(name, what, EngineKind::NStore, settings)?))
 }
 
 /// `nstore-raf` — Figs. 10–11: get100, Zipfian 0.99, Optane latencies, 2 nodes: RAF vs LFU vs no cache.
-pub fn raf(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, Vec<PathBuf>)> {
+pub fn raf(
+    given: &[Arc<dyn Target>],
+    opts: &ReproOptions,
+    progress: Progress,
+) -> Result<(String, Report, Vec<PathBuf>)> {
     let keys = scaled(200_000, opts.scale, 2_000);
     let ops = scaled(400_000, opts.scale, 4_000);
     // About 1.4% of the keys fit (24-byte slots): a cache much smaller than the data, as in
     // §V-D (100 K items for 16 M keys).
     let cache = (keys * 24 / 70).max(4096).to_string();
-    let targets = [
-        target("nstore", "RAF cache", &[("cache", "raf"), ("cache_bytes", &cache)])?,
-        target("nstore-lfu", "plain LFU cache", &[("cache", "lfu"), ("cache_bytes", &cache)])?,
-        target("nstore-nocache", "no cache", &[("cache", "off")])?,
-    ];
+    let targets = with_references(
+        vec![
+            target("nstore", "RAF cache", &[("cache", "raf"), ("cache_bytes", &cache)])?,
+            target("nstore-lfu", "plain LFU cache", &[("cache", "lfu"), ("cache_bytes", &cache)])?,
+            target("nstore-nocache", "no cache", &[("cache", "off")])?,
+        ],
+        given,
+    );
     let threads = 4;
     let config = BenchConfig {
         keys: Some(keys),
@@ -74,7 +89,8 @@ pub fn raf(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, V
         let cache = match r.engine.as_str() {
             "nstore" => "RAF",
             "nstore-lfu" => "LFU",
-            _ => "none",
+            "nstore-nocache" => "none",
+            _ => "(reference)",
         };
         let _ = writeln!(
             md,
@@ -99,7 +115,11 @@ pub fn raf(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, V
 }
 
 /// `nstore-recovery` — Fig. 16: recovery time by key count and recovery threads.
-pub fn recovery(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, Vec<PathBuf>)> {
+pub fn recovery(
+    given: &[Arc<dyn Target>],
+    opts: &ReproOptions,
+    progress: Progress,
+) -> Result<(String, Report, Vec<PathBuf>)> {
     // The paper's 1M / 4M / 16M at scale 16; scale 1 runs a sixteenth.
     let counts = [1_000_000u64, 4_000_000, 16_000_000].map(|c| scaled(c / 16, opts.scale, 2_000));
     let thread_counts = [1usize, 2];
@@ -114,6 +134,8 @@ pub fn recovery(opts: &ReproOptions, progress: Progress) -> Result<(String, Repo
             )
         })
         .collect::<Result<_>>()?;
+    let own = targets.len();
+    let targets = with_references(targets, given);
     let mut report = Report::default();
     for &keys in &counts {
         let config = BenchConfig {
@@ -153,7 +175,7 @@ pub fn recovery(opts: &ReproOptions, progress: Progress) -> Result<(String, Repo
     );
     let ms = |v: Option<f64>| v.map_or("n/a".to_owned(), |x| format!("{x:.1}"));
     let mut series: Vec<Series> = Vec::new();
-    for (t, target) in thread_counts.iter().zip(&targets) {
+    for (t, target) in thread_counts.iter().zip(&targets[..own]) {
         let mut pts = Vec::new();
         for r in report.runs.iter().filter(|r| r.engine == target.name()) {
             let per = r
@@ -172,6 +194,24 @@ pub fn recovery(opts: &ReproOptions, progress: Progress) -> Result<(String, Repo
         }
         series.push((format!("{t} thread(s)"), pts));
     }
+    if targets.len() > own {
+        md.push_str(
+            "\nReference targets (same loads, their own recovery):\n\n| engine | keys | clean \
+             reopen (ms) | crash recovery (ms) |\n|---|---:|---:|---:|\n",
+        );
+        for t in &targets[own..] {
+            for r in report.runs.iter().filter(|r| r.engine == t.name()) {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} |",
+                    r.engine,
+                    r.keys,
+                    ms(r.reopen_ms),
+                    ms(r.recover_ms)
+                );
+            }
+        }
+    }
     md.push_str(
         "\nOn a 2-core machine shared with other work, two scanning threads cannot show the \
          paper's 32-thread scaling; the per-key cost and the snapshot-vs-scan gap are the \
@@ -188,7 +228,11 @@ pub fn recovery(opts: &ReproOptions, progress: Progress) -> Result<(String, Repo
 
 /// `nstore-gc` — Fig. 15(a): PM space and write throughput while 75% of the keys are updated, by
 /// gc_threshold.
-pub fn gc(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, Vec<PathBuf>)> {
+pub fn gc(
+    given: &[Arc<dyn Target>],
+    opts: &ReproOptions,
+    progress: Progress,
+) -> Result<(String, Report, Vec<PathBuf>)> {
     let keys = scaled(400_000, opts.scale, 4_000);
     let ops = keys * 3 / 4;
     let thresholds = ["0.1", "0.5", "0.9"];
@@ -210,6 +254,8 @@ pub fn gc(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, Ve
             )
         })
         .collect::<Result<_>>()?;
+    let own = targets.len();
+    let targets = with_references(targets, given);
     let config = BenchConfig {
         keys: Some(keys),
         ops: Some(ops),
@@ -217,8 +263,11 @@ pub fn gc(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, Ve
         load_threads: Some(2),
         ..base_config(opts)
     };
-    // Each worker walks its own slice of the keys once: 75% of the keys are updated once.
-    let w = Workload::new("nstore-upd75", Mix::only(OpKind::Update)).with_dist(Dist::Sequential);
+    // Updates drawn uniformly (0.75 × keys of them), so that every log file ends up with a
+    // similar garbage share (≈ 1 - e^-0.75 ≈ 53%): sequential updates would leave the files of
+    // the updated key range all garbage and the others all live, and every threshold would
+    // reclaim the same files.
+    let w = Workload::new("nstore-upd75", Mix::only(OpKind::Update)).with_dist(Dist::Uniform);
     let report = run_workloads(&config, &[w], &targets, progress)?;
     let mut md = String::new();
     header(
@@ -226,8 +275,9 @@ pub fn gc(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, Ve
         "nstore-gc",
         opts,
         &format!(
-            "{keys} keys loaded by 2 threads, then {ops} updates (75% of the keys, each once) by 2 \
-             threads on {} nodes; 16 clusters, 256 KiB log files, one GC thread per node",
+            "{keys} keys loaded by 2 threads, then {ops} updates (0.75 × keys, uniform: about 53% \
+             of the keys updated) by 2 threads on {} nodes; 16 clusters, 256 KiB log files, one \
+             GC thread per node",
             opts.nodes
         ),
     );
@@ -244,11 +294,23 @@ pub fn gc(opts: &ReproOptions, progress: Progress) -> Result<(String, Report, Ve
          | gc_threshold | update Mops/s | PM MiB at the end | PM bytes/key |\n\
          |---:|---:|---:|---:|\n",
     );
-    for (t, target) in thresholds.iter().zip(&targets) {
+    for (t, target) in thresholds.iter().zip(&targets[..own]) {
         if let Some(r) = report.runs.iter().find(|r| r.engine == target.name()) {
             let _ = writeln!(
                 md,
                 "| {t} | {:.3} | {:.1} | {:.1} |",
+                r.throughput_mops,
+                r.pm_bytes as f64 / (1u64 << 20) as f64,
+                r.pm_bytes as f64 / r.keys.max(1) as f64
+            );
+        }
+    }
+    for t in &targets[own..] {
+        if let Some(r) = report.runs.iter().find(|r| r.engine == t.name()) {
+            let _ = writeln!(
+                md,
+                "| {} (reference) | {:.3} | {:.1} | {:.1} |",
+                r.engine,
                 r.throughput_mops,
                 r.pm_bytes as f64 / (1u64 << 20) as f64,
                 r.pm_bytes as f64 / r.keys.max(1) as f64

@@ -47,6 +47,10 @@ pub(crate) fn run(inner: &Inner, node: usize, idx: usize, per_node: usize) {
         if inner.stop.load(Ordering::Acquire) {
             return;
         }
+        // Deferred frees of reclaimed files run only when some thread pins or flushes the
+        // epoch; writers never pin, so in a write-only workload nobody else would: advance and
+        // collect here, every pass.
+        epoch::pin().flush();
         if collect(inner, node, idx, per_node).is_err() {
             // E.g. out of space for the rewrites, or the pool crashed: the file stays as it was
             // (every step is crash-safe on its own) and the next pass tries again.
