@@ -31,6 +31,10 @@ use crate::nlog::{LogFile, Nlog};
 use crate::vindex::{SccIndex, VolatileIndex};
 use crate::{snapshot, Inner, NStore, NStoreOptions};
 
+/// Unwritten slots in a row after which a file has no written slot further on (see
+/// `scan_cluster`).
+const MAX_GAP: u32 = numakv_numa::MAX_THREADS as u32;
+
 /// What the scan found in one cluster.
 #[derive(Debug, Default)]
 struct ClusterScan {
@@ -258,6 +262,13 @@ fn scan_cluster(
     for f in files {
         let mut tail = 0;
         for slot in 0..f.slots {
+            // Slots are reserved in order and each thread holds at most one reservation at a
+            // time, so unwritten (torn) slots before a written one number fewer than the threads
+            // that can run: after MAX_THREADS unwritten slots in a row nothing was ever written
+            // further on, and the rest of the file — often most of an active file — is skipped.
+            if slot - tail > MAX_GAP {
+                break;
+            }
             let e = f.entry(pool, slot)?;
             let m = decode_meta(e.meta.load(Ordering::Acquire), f.info.id);
             if !m.written {
