@@ -101,6 +101,20 @@ const VARIANTS: &[Variant] = &[
         description: "nobtree engine with the migration coordinator off: replicated upper layer \
                       and round-robin bottom nodes only (papers/nobtree.txt §III-D ablation)",
     },
+    Variant {
+        name: "nstore-lfu",
+        kind: EngineKind::NStore,
+        settings: &[("cache", "lfu")],
+        description: "nstore engine with an unweighted (plain LFU) cache instead of RAF: every \
+                      access counts 1, local or remote (papers/nstore.txt Figs. 10-11)",
+    },
+    Variant {
+        name: "nstore-nocache",
+        kind: EngineKind::NStore,
+        settings: &[("cache", "off")],
+        description: "nstore engine without the DRAM cache (NStore-w/o-RAF, papers/nstore.txt \
+                      Fig. 11)",
+    },
 ];
 
 /// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.
@@ -166,9 +180,13 @@ impl Target for EngineTarget {
 
     fn open(&self, env: &TargetEnv) -> Result<Box<dyn TargetInstance>> {
         let nodes = env.topology.node_count();
-        let capacity = env.max_keys.saturating_mul(BYTES_PER_KEY).saturating_add(SLACK_BYTES);
-        // Round up to the page-heap page so the last page is whole.
         let page = numakv::Options::default().page_size;
+        let capacity = env
+            .max_keys
+            .saturating_mul(BYTES_PER_KEY)
+            .saturating_add(SLACK_BYTES)
+            .saturating_add(self.options.min_capacity_per_node(page));
+        // Round up to the page-heap page so the last page is whole.
         let capacity = capacity.div_ceil(page) * page;
         let opts = Options::default()
             .nodes(nodes)

@@ -10,6 +10,8 @@
 //!   `repro_nobtree.rs`).
 //! - `recovery`: time to reopen after a crash versus key count (papers/nbtree.txt §VI-C,
 //!   papers/nstore.txt §V-G, papers/nap.txt §6.7 Table 2).
+//! - `nstore-raf`, `nstore-recovery`, `nstore-gc`: NStore's cache, recovery and GC figures
+//!   (papers/nstore.txt Figs. 10–11, 16, 15), in [`crate::repro_nstore`].
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -58,6 +60,21 @@ pub const REPROS: &[ReproInfo] = &[
         name: "nobtree-migration",
         title: "per-thread hot keys on remote leaves: remote share and throughput over time",
         source: "papers/nobtree.txt §III-D",
+    },
+    ReproInfo {
+        name: "nstore-raf",
+        title: "NStore get100 at Zipfian 0.99 with Optane latencies: RAF vs plain LFU vs no cache",
+        source: "papers/nstore.txt §V-C/D/F Figs. 10-11",
+    },
+    ReproInfo {
+        name: "nstore-recovery",
+        title: "NStore recovery time by key count and recovery threads",
+        source: "papers/nstore.txt §V-G Fig. 16",
+    },
+    ReproInfo {
+        name: "nstore-gc",
+        title: "NStore PM space and write throughput after updating 75% of keys, by gc_threshold",
+        source: "papers/nstore.txt §V-F Fig. 15(a)",
     },
     ReproInfo {
         name: "recovery",
@@ -141,6 +158,9 @@ pub fn run(
         "recovery" => recovery(targets, opts, progress)?,
         "nobtree-remote" => crate::repro_nobtree::remote(targets, opts, progress)?,
         "nobtree-migration" => crate::repro_nobtree::migration(opts)?,
+        "nstore-raf" => crate::repro_nstore::raf(targets, opts, progress)?,
+        "nstore-recovery" => crate::repro_nstore::recovery(targets, opts, progress)?,
+        "nstore-gc" => crate::repro_nstore::gc(targets, opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

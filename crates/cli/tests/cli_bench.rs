@@ -169,6 +169,9 @@ fn list_names_every_target_workload_and_reproduction() {
         "crossbeam-skiplist",
         "scc-treeindex",
         "rwlock-btreemap",
+        "nstore",
+        "nstore-lfu",
+        "nstore-nocache",
     ] {
         assert!(run.stdout.lines().any(|l| l.trim_start().starts_with(name)), "{name}: {run:?}");
     }
@@ -177,8 +180,17 @@ fn list_names_every_target_workload_and_reproduction() {
     }
     let repros = numakv(&["repro", "list"], cwd.path());
     assert_eq!(repros.code, 0);
-    assert_eq!(repros.stdout.lines().count(), 5, "{repros:?}");
-    for name in ["pm-lines", "space", "recovery", "nobtree-remote", "nobtree-migration"] {
+    assert_eq!(repros.stdout.lines().count(), numakv_bench::repro::list().len(), "{repros:?}");
+    for name in [
+        "pm-lines",
+        "space",
+        "recovery",
+        "nobtree-remote",
+        "nobtree-migration",
+        "nstore-raf",
+        "nstore-recovery",
+        "nstore-gc",
+    ] {
         assert!(repros.stdout.lines().any(|l| l.starts_with(name)), "{name}: {repros:?}");
     }
 }

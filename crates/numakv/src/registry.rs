@@ -19,6 +19,7 @@ use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
 use numakv_nap::{Nap, NapOptions};
 use numakv_nobtree::{Nobtree, NobtreeOptions};
+use numakv_nstore::{CacheMode, NStore, NStoreOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
 
 use crate::error::{Error, Result};
@@ -49,12 +50,15 @@ pub enum EngineKind {
     /// NOBtree (Chu et al., TCAD'24): per-NUMA-node replicas of a static upper layer over
     /// write-optimized PM subindexes, node migration, NSM placement.
     Nobtree,
+    /// NStore (papers/nstore.txt): per-node per-hash-cluster PM logs (Nlog) with only local PM
+    /// writes, a volatile ordered index, the NUMA-aware RAF cache, GC and parallel recovery.
+    NStore,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
     pub const ALL: &'static [EngineKind] =
-        &[EngineKind::FastFair, EngineKind::NapFastFair, EngineKind::Nobtree];
+        &[EngineKind::FastFair, EngineKind::NapFastFair, EngineKind::Nobtree, EngineKind::NStore];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -68,6 +72,7 @@ impl EngineKind {
             EngineKind::FastFair => f.run::<FastFair>(),
             EngineKind::NapFastFair => f.run::<Nap<FastFair>>(),
             EngineKind::Nobtree => f.run::<Nobtree>(),
+            EngineKind::NStore => f.run::<NStore>(),
         }
     }
 
@@ -188,6 +193,8 @@ pub enum EngineOptions {
     NapFastFair(NapOptions<FastFairOptions>),
     /// Options of [`EngineKind::Nobtree`].
     Nobtree(NobtreeOptions),
+    /// Options of [`EngineKind::NStore`].
+    NStore(NStoreOptions),
 }
 
 impl EngineOptions {
@@ -197,6 +204,7 @@ impl EngineOptions {
             EngineOptions::FastFair(_) => EngineKind::FastFair,
             EngineOptions::NapFastFair(_) => EngineKind::NapFastFair,
             EngineOptions::Nobtree(_) => EngineKind::Nobtree,
+            EngineOptions::NStore(_) => EngineKind::NStore,
         }
     }
 
@@ -222,6 +230,22 @@ impl EngineOptions {
         engine
             .with(Set { opts: self, key, value })
             .map_err(|message| Error::BadEngineOption { engine, message })
+    }
+
+    /// The smallest capacity per node file a store with these options needs before any data
+    /// (e.g. NStore's preallocated log files), for sizing stores; 0 when the data alone decides.
+    pub fn min_capacity_per_node(&self, page_size: u64) -> u64 {
+        struct Min<'a>(&'a EngineOptions, u64);
+        impl WithEngine for Min<'_> {
+            type Output = u64;
+            fn run<E: Engine>(self) -> u64
+            where
+                E::Options: EngineConfig,
+            {
+                E::Options::unwrap(self.0).map_or(0, |o| o.min_capacity_per_node(self.1))
+            }
+        }
+        self.kind().with(Min(self, page_size))
     }
 
     /// Every option as `(key, value)` text, in [`EngineKind::option_keys`] order.
@@ -264,6 +288,11 @@ pub(crate) trait EngineConfig: Sized + Clone + Default {
     fn set(&mut self, key: &str, value: &str) -> Result<(), String>;
     /// Every key with its current value as text.
     fn values(&self) -> Vec<(&'static str, String)>;
+    /// The smallest node-file capacity these options can work with, for sizing stores (e.g. a
+    /// log-structured engine's preallocated files); 0 when the data alone decides.
+    fn min_capacity_per_node(&self, _page_size: u64) -> u64 {
+        0
+    }
 }
 
 fn unknown_key(key: &str, keys: &[OptionKey]) -> String {
@@ -502,6 +531,115 @@ impl EngineConfig for NobtreeOptions {
             ("migration_sample_every", self.migration.sample_every.to_string()),
             ("migration_hot_threshold", self.migration.hot_threshold.to_string()),
         ]
+    }
+}
+
+fn parse_num<T: FromStr>(key: &str, value: &str, what: &str) -> Result<T, String> {
+    value.trim().parse().map_err(|_| format!("{key}: {value:?} is not {what}"))
+}
+
+fn parse_bytes(key: &str, value: &str) -> Result<u64, String> {
+    crate::size::parse_size(value).map_err(|_| format!("{key}: {value:?} is not a size in bytes"))
+}
+
+impl EngineConfig for NStoreOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey { key: "clusters", help: "hash clusters, 1..=65536 (256 in the paper)" },
+        OptionKey {
+            key: "log_file_size",
+            help: "bytes of one Nlog file, rounded up to the page size (8M in the paper)",
+        },
+        OptionKey {
+            key: "gc_threshold",
+            help: "reclaim a log file once more than this share of its entries is garbage, \
+                   0.0..1.0 (0.5 in the paper)",
+        },
+        OptionKey { key: "gc_threads", help: "GC threads per node, 0 = no GC (1 in the paper)" },
+        OptionKey {
+            key: "cache",
+            help: "DRAM cache: raf (NUMA-weighted, the paper's) | lfu (unweighted) | off",
+        },
+        OptionKey { key: "cache_bytes", help: "DRAM bytes of the cache (64M in the paper)" },
+        OptionKey { key: "cache_sample", help: "gets between two cache samples (32 in the paper)" },
+        OptionKey {
+            key: "recovery_threads",
+            help: "scanning threads of crash recovery, 0 = one per core",
+        },
+        OptionKey { key: "scan_threads", help: "local read threads per node for scans" },
+        OptionKey {
+            key: "snapshot",
+            help: "true | false: persist the index at clean shutdown for a fast reopen",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::NStore(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::NStore(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::NStore(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "clusters" => self.clusters = parse_num(key, value, "a cluster count")?,
+            "log_file_size" => self.log_file_size = parse_bytes(key, value)?,
+            "gc_threshold" => {
+                let t: f64 = parse_num(key, value, "a share in 0.0..1.0")?;
+                if !(0.0..1.0).contains(&t) {
+                    return Err(format!("gc_threshold: {value} is not in 0.0..1.0"));
+                }
+                self.gc_threshold = t;
+            }
+            "gc_threads" => self.gc_threads_per_node = parse_num(key, value, "a thread count")?,
+            "cache" => {
+                self.cache = value.parse::<CacheMode>().map_err(|e| format!("cache: {e}"))?
+            }
+            "cache_bytes" => self.cache_bytes = parse_bytes(key, value)?,
+            "cache_sample" => {
+                self.cache_sample = parse_num(key, value, "a positive count")?;
+                if self.cache_sample == 0 {
+                    return Err("cache_sample: must be ≥ 1".into());
+                }
+            }
+            "recovery_threads" => self.recovery_threads = parse_num(key, value, "a thread count")?,
+            "scan_threads" => self.scan_threads_per_node = parse_num(key, value, "a thread count")?,
+            "snapshot" => self.snapshot_on_close = parse_num(key, value, "true or false")?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("clusters", self.clusters.to_string()),
+            ("log_file_size", self.log_file_size.to_string()),
+            ("gc_threshold", self.gc_threshold.to_string()),
+            ("gc_threads", self.gc_threads_per_node.to_string()),
+            ("cache", self.cache.to_string()),
+            ("cache_bytes", self.cache_bytes.to_string()),
+            ("cache_sample", self.cache_sample.to_string()),
+            ("recovery_threads", self.recovery_threads.to_string()),
+            ("scan_threads", self.scan_threads_per_node.to_string()),
+            ("snapshot", self.snapshot_on_close.to_string()),
+        ]
+    }
+
+    fn min_capacity_per_node(&self, page_size: u64) -> u64 {
+        // Every cluster may hold an active file on every node, plus as much again for sealed
+        // files awaiting GC (files are sparse: untouched pages cost nothing).
+        let file = self.log_file_size.div_ceil(page_size).max(1) * page_size;
+        2 * u64::from(self.clusters) * file
     }
 }
 
