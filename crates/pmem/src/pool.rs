@@ -224,6 +224,11 @@ fn lock_dir(dir: &Path) -> Result<File> {
         if start.elapsed() >= LOCK_GRACE {
             return Err(PoolError::Locked { path });
         }
+        // The previous session of this store in this process may still be referenced by
+        // destructors deferred through the epoch (a retired block's handle holds its allocator,
+        // which holds the pool): after a crash-drop nothing else may advance the epoch, so
+        // advance it from here and let them run.
+        crossbeam_epoch::pin().flush();
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     Ok(f)
