@@ -86,13 +86,29 @@ struct Variant {
     description: &'static str,
 }
 
-const VARIANTS: &[Variant] = &[Variant {
-    name: "fastfair-interleave",
-    kind: EngineKind::FastFair,
-    settings: &[("nsm_mode", "round-robin")],
-    description: "fastfair engine with NUMA-oblivious placement: nodes from every NUMA node in \
-                  turn (the original FAST&FAIR on interleaved PM)",
-}];
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "fastfair-interleave",
+        kind: EngineKind::FastFair,
+        settings: &[("nsm_mode", "round-robin")],
+        description: "fastfair engine with NUMA-oblivious placement: nodes from every NUMA node \
+                      in turn (the original FAST&FAIR on interleaved PM)",
+    },
+    Variant {
+        name: "nbtree-w",
+        kind: EngineKind::NbTree,
+        settings: &[("variant", "w")],
+        description: "NBTree-W (papers/nbtree.txt Fig. 14): node-grained write locks on leaves \
+                      instead of the lock-free write schemes; lock-free reads",
+    },
+    Variant {
+        name: "nbtree-wr",
+        kind: EngineKind::NbTree,
+        settings: &[("variant", "wr")],
+        description: "NBTree-WR (papers/nbtree.txt Fig. 14): node-grained locks on leaves for \
+                      reads and writes",
+    },
+];
 
 /// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.
 pub fn all() -> Vec<Arc<dyn Target>> {

@@ -17,6 +17,7 @@ use std::str::FromStr;
 
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
+use numakv_nbtree::{NbTree, NbTreeOptions, Variant as NbTreeVariant};
 use numakv_pmem::alloc::nsm::NsmMode;
 
 use crate::error::{Error, Result};
@@ -41,11 +42,14 @@ pub enum EngineKind {
     /// FAST&FAIR (Hwang et al., FAST'18): PM-only B+-tree with failure-atomic shifts and
     /// in-place rebalancing, lock-free reads, B-link siblings. The baseline of every paper.
     FastFair,
+    /// NBTree (papers/nbtree.txt): lock-free B+-tree for persistent-cache (eADR) PM with DRAM
+    /// leaf metadata over PM key-value blocks, three-phase SMO, Calloc.
+    NbTree,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
-    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair];
+    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair, EngineKind::NbTree];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -57,6 +61,7 @@ impl EngineKind {
     pub(crate) fn with<F: WithEngine>(self, f: F) -> F::Output {
         match self {
             EngineKind::FastFair => f.run::<FastFair>(),
+            EngineKind::NbTree => f.run::<NbTree>(),
         }
     }
 
@@ -173,6 +178,8 @@ pub(crate) trait WithEngine {
 pub enum EngineOptions {
     /// Options of [`EngineKind::FastFair`].
     FastFair(FastFairOptions),
+    /// Options of [`EngineKind::NbTree`].
+    NbTree(NbTreeOptions),
 }
 
 impl EngineOptions {
@@ -180,6 +187,7 @@ impl EngineOptions {
     pub fn kind(&self) -> EngineKind {
         match self {
             EngineOptions::FastFair(_) => EngineKind::FastFair,
+            EngineOptions::NbTree(_) => EngineKind::NbTree,
         }
     }
 
@@ -270,7 +278,6 @@ impl EngineConfig for FastFairOptions {
         EngineOptions::FastFair(self)
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap(opts: &EngineOptions) -> Option<&Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -278,7 +285,6 @@ impl EngineConfig for FastFairOptions {
         }
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -304,6 +310,62 @@ impl EngineConfig for FastFairOptions {
 
     fn values(&self) -> Vec<(&'static str, String)> {
         vec![("node_size", self.node_size.to_string()), ("nsm_mode", self.nsm_mode.to_string())]
+    }
+}
+
+impl EngineConfig for NbTreeOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey {
+            key: "leaf_slots",
+            help: "key-value entries per leaf, 2..=31 (31 = 512-byte PM blocks, the prototype's)",
+        },
+        OptionKey {
+            key: "variant",
+            help: "leaf concurrency: lock-free (NBTree) | w (NBTree-W: leaf write locks) | \
+                   wr (NBTree-WR: leaf locks for reads and writes)",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::NbTree(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::NbTree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::NbTree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "leaf_slots" => {
+                self.leaf_slots = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("leaf_slots: {value:?} is not a number"))?;
+            }
+            "variant" => {
+                self.variant =
+                    value.parse::<NbTreeVariant>().map_err(|e| format!("variant: {e}"))?;
+            }
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("leaf_slots", self.leaf_slots.to_string()),
+            ("variant", self.variant.name().to_string()),
+        ]
     }
 }
 
@@ -346,7 +408,7 @@ mod tests {
         assert!(err.contains("node_size") && err.contains("nsm_mode"), "{err}");
         o.set("nsm_mode", "node:1").unwrap();
         o.set("node_size", "1K").unwrap();
-        let EngineOptions::FastFair(ff) = o;
+        let EngineOptions::FastFair(ff) = o else { unreachable!() };
         assert_eq!(ff.nsm_mode, NsmMode::Node(1));
         assert_eq!(ff.node_size, 1024);
     }

@@ -108,11 +108,15 @@ pub struct NbTreeOptions {
     pub leaf_slots: usize,
     /// Leaf concurrency scheme. Per session.
     pub variant: Variant,
+    /// Test hook: yield the CPU between the SMO's phases and steps, widening the windows in
+    /// which concurrent operations meet an SMO in each phase (stress tests). Off by default;
+    /// per session, not settable through the facade.
+    pub smo_yield: bool,
 }
 
 impl Default for NbTreeOptions {
     fn default() -> Self {
-        NbTreeOptions { leaf_slots: DEFAULT_SLOTS, variant: Variant::LockFree }
+        NbTreeOptions { leaf_slots: DEFAULT_SLOTS, variant: Variant::LockFree, smo_yield: false }
     }
 }
 
@@ -134,6 +138,7 @@ pub struct NbTree {
     calloc: Arc<Calloc>,
     slots: usize,
     variant: Variant,
+    smo_yield: bool,
     /// Root inner node (level ≥ 1).
     root: AtomicPtr<Inner>,
     /// First leaf (the DRAM anchor mirroring root slot `SLOT_HEAD`).
@@ -177,6 +182,7 @@ impl NbTree {
             calloc,
             slots,
             variant: opts.variant,
+            smo_yield: opts.smo_yield,
             root: AtomicPtr::new(root),
             head: AtomicPtr::new(head),
             counters: Counters::default(),

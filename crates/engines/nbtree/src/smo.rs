@@ -40,6 +40,7 @@ impl NbTree {
         if leaf.copy_ptr().is_null() {
             self.copy_phase(leaf, g)?;
         }
+        self.pause();
         let nl = self.meta(leaf.copy_ptr(), g);
         if leaf.flags() & FLAG_SYNC == 0 {
             self.sync_phase(leaf, nl, g);
@@ -47,10 +48,19 @@ impl NbTree {
             // only: the synchronised values are visible to them.
             leaf.flags.fetch_or(FLAG_SYNC, Ordering::Release);
         }
+        self.pause();
         if leaf.flags() & FLAG_LINK == 0 {
             self.link_phase(leaf, nl, g)?;
         }
         Ok(())
+    }
+
+    /// The stress-test hook ([`crate::NbTreeOptions::smo_yield`]).
+    #[inline]
+    fn pause(&self) {
+        if self.smo_yield {
+            std::thread::yield_now();
+        }
     }
 
     /// The new leaf of `leaf`'s SMO that covers `key` (not settled: the leaf the SMO created).
@@ -80,6 +90,7 @@ impl NbTree {
                 live.push((k, v));
             }
         }
+        self.pause();
         live.sort_unstable_by_key(|e| e.0);
         // Paper: two new leaves when the valid entries exceed half the capacity.
         let two = live.len() > self.slots / 2 && live.len() >= 2;
@@ -177,6 +188,7 @@ impl NbTree {
                 continue;
             }
             let Some(v) = LeafMeta::read_slot(&blk, i, k) else { continue };
+            self.pause();
             let tgt = self.copy_target(nl, k, g);
             let tb = self.blk(tgt.data);
             let Some(j) = tgt.find(&tb, k) else { continue };
@@ -254,6 +266,7 @@ impl NbTree {
                 break;
             }
             let Some(pred) = self.find_pred(leaf, nl, g) else { continue };
+            self.pause();
             let pb = self.blk(pred.data);
             // ORDERING: SeqCst; Dekker pair with the predecessor's SMO bit (copy_phase reads
             // `next` after the bit is set; we read the bit after this CAS).
