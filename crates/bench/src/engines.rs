@@ -108,6 +108,13 @@ const VARIANTS: &[Variant] = &[
         description: "NBTree-WR (papers/nbtree.txt Fig. 14): node-grained locks on leaves for \
                       reads and writes",
     },
+    Variant {
+        name: "nbtree-coupled",
+        kind: EngineKind::NbTree,
+        settings: &[("coupled", "true")],
+        description: "NBTree with coupled leaves (papers/nbtree.txt Fig. 13): leaf metadata \
+                      kept in PM with the key-value entries",
+    },
 ];
 
 /// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.

@@ -324,6 +324,11 @@ impl EngineConfig for NbTreeOptions {
             help: "leaf concurrency: lock-free (NBTree) | w (NBTree-W: leaf write locks) | \
                    wr (NBTree-WR: leaf locks for reads and writes)",
         },
+        OptionKey {
+            key: "coupled",
+            help: "true: coupled leaves (metadata also in a PM line per leaf, Fig. 13); \
+                   false: decoupled (the paper's design)",
+        },
     ];
 
     fn wrap(self) -> EngineOptions {
@@ -356,6 +361,12 @@ impl EngineConfig for NbTreeOptions {
                 self.variant =
                     value.parse::<NbTreeVariant>().map_err(|e| format!("variant: {e}"))?;
             }
+            "coupled" => {
+                self.coupled = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("coupled: {value:?} is not true or false"))?;
+            }
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
         Ok(())
@@ -365,6 +376,7 @@ impl EngineConfig for NbTreeOptions {
         vec![
             ("leaf_slots", self.leaf_slots.to_string()),
             ("variant", self.variant.name().to_string()),
+            ("coupled", self.coupled.to_string()),
         ]
     }
 }

@@ -18,6 +18,22 @@
 //! delete writes exactly one PM line and a fingerprint-guided search reads one (Table I).
 //! A leaf's exclusive upper bound is the next block's `low` (`u64::MAX` for the last block).
 //!
+//! The **coupled-leaf** variant (papers/nbtree.txt Fig. 13, [`Shape::coupled`]) puts the leaf
+//! metadata in PM too: its blocks start with a full metadata line and the entries follow at 64:
+//!
+//! ```text
+//!      0      8  next
+//!      8      8  low
+//!     16      8  bitmap   mirror of the commit bitmap (written at every commit)
+//!     24      8  num      mirror of the slot counter (fetch_add at every insert)
+//!     32     31  fps      mirror of the fingerprints (written at every insert)
+//!     64  16·n  entries
+//! ```
+//!
+//! Coupled leaves write that line on every insert and read it on every search (the PM cost the
+//! decoupled design removes); DRAM metadata remains the synchronisation point, and recovery
+//! rebuilds from the keys as for decoupled leaves.
+//!
 //! Values are stored as they are: the paper's `copy_bit`/`sync_bit` are kept in DRAM beside the
 //! fingerprints ([`crate::leaf`]), so no value bit is reserved in PM (docs/design.md "NBTree").
 //!
@@ -25,7 +41,7 @@
 //! [`SLOT_HEAD`] PPtr of the first block, [`SLOT_CALLOC`] Calloc directory.
 
 use numakv_index::{Error, Result};
-use numakv_pmem::{PPtr, PmType, PmU64, Pool};
+use numakv_pmem::{PPtr, PmType, PmU64, PmU8, Pool};
 
 /// Engine name for errors.
 pub(crate) const ENGINE: &str = "nbtree";
@@ -49,23 +65,52 @@ pub const MIN_SLOTS: usize = 2;
 /// Default entries per leaf: 31, i.e. 512-byte blocks like the prototype (`LEAF_NODE_SIZE 31`).
 pub const DEFAULT_SLOTS: usize = 31;
 
-/// "NBT1" in the high half of the format word; the low byte holds the slot count.
+/// "NBT1" in the high half of the format word; the low byte holds the slot count, bit 8 the
+/// coupled-leaf layout.
 const META_MAGIC: u64 = 0x4E42_5431 << 32;
+const META_COUPLED: u64 = 1 << 8;
+
+/// The shape of the key-value blocks (recorded in the format word).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Entries per block.
+    pub slots: usize,
+    /// Coupled-leaf layout (metadata line in PM).
+    pub coupled: bool,
+}
+
+impl Shape {
+    /// Offset of entry 0 in a block.
+    pub const fn entry_base(self) -> usize {
+        if self.coupled {
+            64
+        } else {
+            BLOCK_HEADER
+        }
+    }
+
+    /// Bytes of a block.
+    pub const fn block_size(self) -> usize {
+        (self.entry_base() + ENTRY_SIZE * self.slots).div_ceil(64) * 64
+    }
+}
 
 /// The format word recorded at create.
-pub fn meta_word(slots: usize) -> u64 {
-    META_MAGIC | slots as u64
+pub fn meta_word(shape: Shape) -> u64 {
+    META_MAGIC | shape.slots as u64 | if shape.coupled { META_COUPLED } else { 0 }
 }
 
-/// The slot count of a format word, `None` if it is not an NBTree word or the count is invalid.
-pub fn decode_meta(w: u64) -> Option<usize> {
+/// The shape of a format word, `None` if it is not an NBTree word or the count is invalid.
+pub fn decode_meta(w: u64) -> Option<Shape> {
     let slots = (w & 0xff) as usize;
-    (w & !0xff == META_MAGIC && (MIN_SLOTS..=MAX_SLOTS).contains(&slots)).then_some(slots)
+    let coupled = w & META_COUPLED != 0;
+    (w & !0x1ff == META_MAGIC && (MIN_SLOTS..=MAX_SLOTS).contains(&slots))
+        .then_some(Shape { slots, coupled })
 }
 
-/// Bytes of a key-value block holding `slots` entries.
+/// Bytes of a (decoupled) key-value block holding `slots` entries.
 pub const fn block_size(slots: usize) -> usize {
-    (BLOCK_HEADER + ENTRY_SIZE * slots).div_ceil(64) * 64
+    Shape { slots, coupled: false }.block_size()
 }
 
 /// Rejects slot counts outside `MIN_SLOTS..=MAX_SLOTS`.
@@ -113,7 +158,7 @@ pub struct Block<'a> {
     /// Header.
     pub head: &'a BlockHead,
     base: *const u8,
-    slots: usize,
+    shape: Shape,
 }
 
 // SAFETY: a Block is a view of PM words that are all atomics (PmU64); sharing it between threads
@@ -126,32 +171,56 @@ impl<'a> Block<'a> {
     /// Resolves a block this engine allocated (hot path: no checks).
     ///
     /// # Safety
-    /// `p` must be a Calloc block of this engine's allocator (size `block_size(slots)`), alive for
-    /// `'a` (the caller is pinned or owns it).
-    pub unsafe fn at(pool: &'a Pool, p: PPtr, slots: usize) -> Block<'a> {
-        // SAFETY: per the caller's contract, `p` is an allocated 64-aligned block of at least
-        // BLOCK_HEADER + 16·slots bytes.
+    /// `p` must be a Calloc block of this engine's allocator (size `shape.block_size()`),
+    /// alive for `'a` (the caller is pinned or owns it).
+    pub unsafe fn at(pool: &'a Pool, p: PPtr, shape: Shape) -> Block<'a> {
+        // SAFETY: per the caller's contract, `p` is an allocated 64-aligned block of
+        // shape.block_size() bytes.
         let head = unsafe { pool.get_unchecked::<BlockHead>(p) };
-        Block { ptr: p, head, base: pool.resolve(p), slots }
+        Block { ptr: p, head, base: pool.resolve(p), shape }
     }
 
     /// Resolves a pointer read from PM (recovery): bounds and alignment checked.
-    pub fn checked(pool: &'a Pool, p: PPtr, slots: usize) -> Result<Block<'a>> {
+    pub fn checked(pool: &'a Pool, p: PPtr, shape: Shape) -> Result<Block<'a>> {
         if p.offset() % 64 != 0 {
             return Err(Error::corrupted(ENGINE, format!("block {p} is not 64-byte aligned")));
         }
-        pool.bytes(p, block_size(slots))?;
+        pool.bytes(p, shape.block_size())?;
         // SAFETY: the range of the whole block was checked just above (mapped, in the heap area,
         // aligned).
-        Ok(unsafe { Block::at(pool, p, slots) })
+        Ok(unsafe { Block::at(pool, p, shape) })
     }
 
     /// Entry `i` (`i < slots`).
     #[inline]
     pub fn entry(&self, i: usize) -> &'a Entry {
-        debug_assert!(i < self.slots);
+        debug_assert!(i < self.shape.slots);
         // SAFETY: i < slots, so the entry lies inside the block; 16-aligned in a 64-aligned block.
-        unsafe { &*(self.base.add(BLOCK_HEADER + ENTRY_SIZE * i) as *const Entry) }
+        unsafe { &*(self.base.add(self.shape.entry_base() + ENTRY_SIZE * i) as *const Entry) }
+    }
+
+    /// Coupled layout: the PM mirror of the commit bitmap.
+    #[inline]
+    pub fn pm_bitmap(&self) -> &'a PmU64 {
+        debug_assert!(self.shape.coupled);
+        // SAFETY: offset 16 of a coupled block's metadata line, 8-aligned, inside the block.
+        unsafe { &*(self.base.add(16) as *const PmU64) }
+    }
+
+    /// Coupled layout: the PM mirror of `num`.
+    #[inline]
+    pub fn pm_num(&self) -> &'a PmU64 {
+        debug_assert!(self.shape.coupled);
+        // SAFETY: offset 24 of a coupled block's metadata line, 8-aligned, inside the block.
+        unsafe { &*(self.base.add(24) as *const PmU64) }
+    }
+
+    /// Coupled layout: the PM mirror of fingerprint `i`.
+    #[inline]
+    pub fn pm_fp(&self, i: usize) -> &'a PmU8 {
+        debug_assert!(self.shape.coupled && i < MAX_SLOTS);
+        // SAFETY: offsets 32..63 of a coupled block's metadata line, inside the block.
+        unsafe { &*(self.base.add(32 + i) as *const PmU8) }
     }
 
     /// Start address (for flushes).
@@ -161,7 +230,12 @@ impl<'a> Block<'a> {
 
     /// Number of entry slots.
     pub fn slots(&self) -> usize {
-        self.slots
+        self.shape.slots
+    }
+
+    /// The block's shape.
+    pub fn shape(&self) -> Shape {
+        self.shape
     }
 }
 
@@ -190,8 +264,12 @@ mod tests {
 
     #[test]
     fn meta_round_trips() {
-        assert_eq!(decode_meta(meta_word(31)), Some(31));
-        assert_eq!(decode_meta(meta_word(32)), None);
+        for coupled in [false, true] {
+            let sh = Shape { slots: 31, coupled };
+            assert_eq!(decode_meta(meta_word(sh)), Some(sh));
+        }
+        assert_eq!(decode_meta(meta_word(Shape { slots: 32, coupled: false })), None);
+        assert_eq!(Shape { slots: 31, coupled: true }.block_size(), 576);
         assert_eq!(decode_meta(0), None);
         assert_eq!(decode_meta(0xdead_beef), None);
     }

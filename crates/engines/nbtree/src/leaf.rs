@@ -172,6 +172,9 @@ impl LeafMeta {
     /// one PM line is read).
     #[inline]
     pub fn find(&self, blk: &Block<'_>, key: u64) -> Option<usize> {
+        if blk.shape().coupled {
+            return Self::find_coupled(blk, key);
+        }
         let fp = fingerprint(key);
         let mut bits = self.committed();
         while bits != 0 {
@@ -179,6 +182,26 @@ impl LeafMeta {
             bits &= bits - 1;
             // ORDERING: Relaxed; the fingerprint was published by the commit CAS read above.
             if self.fps[i].load(Ordering::Relaxed) == fp
+                && blk.entry(i).key.load(Ordering::Acquire) == key
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// [`LeafMeta::find`] on a coupled leaf: bitmap and fingerprints are read from the block's
+    /// PM metadata line (the PM line read the decoupled design saves).
+    fn find_coupled(blk: &Block<'_>, key: u64) -> Option<usize> {
+        let fp = fingerprint(key);
+        // ORDERING: Acquire; pairs with the Release fetch_or of the committing insert (its
+        // fingerprint store precedes it).
+        let mut bits = blk.pm_bitmap().load(Ordering::Acquire) & COMMIT_MASK;
+        while bits != 0 {
+            let i = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            // ORDERING: Relaxed; published by the bitmap load above.
+            if blk.pm_fp(i).load(Ordering::Relaxed) == fp
                 && blk.entry(i).key.load(Ordering::Acquire) == key
             {
                 return Some(i);

@@ -53,7 +53,7 @@ use numakv_pmem::alloc::epoch;
 use numakv_pmem::{Pool, PoolError};
 
 use crate::inner::{leaf_word, Inner};
-use crate::layout::{Block, DEFAULT_SLOTS, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
+use crate::layout::{Block, Shape, DEFAULT_SLOTS, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
 use crate::leaf::LeafMeta;
 
 /// Which concurrency scheme runs on the leaves (papers/nbtree.txt §VI-E, Fig. 14).
@@ -108,6 +108,10 @@ pub struct NbTreeOptions {
     pub leaf_slots: usize,
     /// Leaf concurrency scheme. Per session.
     pub variant: Variant,
+    /// The coupled-leaf variant of Fig. 13: leaf metadata (bitmap, num, fingerprints) also
+    /// kept in a PM line of each block, written on every insert and read on every search.
+    /// Shapes the format: recorded at create, the stored value wins at open.
+    pub coupled: bool,
     /// Test hook: yield the CPU between the SMO's phases and steps, widening the windows in
     /// which concurrent operations meet an SMO in each phase (stress tests). Off by default;
     /// per session, not settable through the facade.
@@ -116,7 +120,12 @@ pub struct NbTreeOptions {
 
 impl Default for NbTreeOptions {
     fn default() -> Self {
-        NbTreeOptions { leaf_slots: DEFAULT_SLOTS, variant: Variant::LockFree, smo_yield: false }
+        NbTreeOptions {
+            leaf_slots: DEFAULT_SLOTS,
+            variant: Variant::LockFree,
+            coupled: false,
+            smo_yield: false,
+        }
     }
 }
 
@@ -137,6 +146,7 @@ pub struct NbTree {
     pool: Arc<Pool>,
     calloc: Arc<Calloc>,
     slots: usize,
+    shape: Shape,
     variant: Variant,
     smo_yield: bool,
     /// Root inner node (level ≥ 1).
@@ -152,10 +162,13 @@ unsafe impl Send for NbTree {}
 // SAFETY: as for Send.
 unsafe impl Sync for NbTree {}
 
+/// How long [`NbTree::reserve_patiently`] waits for a Calloc log slot.
+const RESERVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Calloc geometry for a pool: blocks of one leaf, chunks of 512 blocks (one bitmap line each),
 /// as many chunks as fit in `share` of a node.
-fn calloc_config(pool: &Pool, slots: usize, share: u64) -> CallocConfig {
-    let block = layout::block_size(slots) as u64;
+fn calloc_config(pool: &Pool, shape: Shape, share: u64) -> CallocConfig {
+    let block = shape.block_size() as u64;
     let chunk = block * 512;
     let cap = pool.capacity();
     CallocConfig {
@@ -172,7 +185,7 @@ impl NbTree {
     fn new_handle(
         pool: Arc<Pool>,
         calloc: Arc<Calloc>,
-        slots: usize,
+        shape: Shape,
         opts: &NbTreeOptions,
         root: *mut Inner,
         head: *mut LeafMeta,
@@ -180,7 +193,8 @@ impl NbTree {
         NbTree {
             pool,
             calloc,
-            slots,
+            slots: shape.slots,
+            shape,
             variant: opts.variant,
             smo_yield: opts.smo_yield,
             root: AtomicPtr::new(root),
@@ -189,42 +203,69 @@ impl NbTree {
         }
     }
 
-    /// Runs `op` pinned. An SMO needs a Calloc log slot, and a thread's slots are held until
-    /// the grace period of its earlier SMOs — which cannot end while the thread itself is
-    /// pinned. When `op` fails for want of space, the guard is dropped, the epoch pushed on, and
-    /// `op` retried a bounded number of times; a pool that is really full still reports
-    /// `OutOfSpace` (nothing was changed by the failed attempts: an SMO that could not begin
-    /// left the leaf as it was).
+    /// Runs `op` pinned.
+    ///
+    /// An SMO needs a Calloc log slot, and a thread's slots come back only after the grace
+    /// period of its earlier SMOs — which cannot end while the thread is pinned, and Calloc's
+    /// `smo_begin` waits for a slot without unpinning its caller. So when the copy phase cannot
+    /// begin its Calloc SMO, it records what it wanted ([`smo::want_reservation`]) and fails
+    /// with `OutOfSpace`; here the guard is dropped, the Calloc SMO begun *unpinned* (its wait
+    /// can then complete grace periods), kept as this thread's reservation, and `op` retried,
+    /// its copy phase taking the reservation. An unused reservation is aborted after `op`. Any
+    /// other `OutOfSpace` is retried once after pushing the epoch on, then reported (a full
+    /// pool stays full; nothing was changed by a failed attempt: an SMO that could not begin
+    /// left its leaf as it was).
     fn pinned<T>(&self, mut op: impl FnMut(&epoch::Guard) -> Result<T>) -> Result<T> {
         let mut tries = 0;
         loop {
             let g = epoch::pin();
-            match op(&g) {
-                Err(e) if e.is_out_of_space() && tries < Self::space_retries(&e) => {
-                    drop(g);
+            let r = op(&g);
+            drop(g);
+            smo::drop_reservation();
+            match r {
+                Err(e) if e.is_out_of_space() && tries < 16 => {
                     tries += 1;
-                    for _ in 0..4 {
-                        epoch::pin().flush();
+                    if let Some((old, n)) = smo::take_want(&self.calloc) {
+                        self.reserve_patiently(old, n)?;
+                    } else {
+                        for _ in 0..4 {
+                            epoch::pin().flush();
+                        }
+                        if tries > 1 {
+                            return Err(e);
+                        }
                     }
-                    std::thread::yield_now();
                 }
                 r => return r,
             }
         }
     }
 
-    /// Attempts for an `OutOfSpace`: many when it may be a busy log slot (64 bytes requested:
-    /// other threads' grace periods end soon), a couple otherwise (a full pool stays full).
-    fn space_retries(e: &Error) -> u32 {
-        match e {
-            Error::Pool(PoolError::OutOfSpace { requested: 64, .. }) => 2_000,
-            _ => 2,
+    /// Begins the Calloc SMO the copy phase wanted, unpinned. Calloc's own wait for a log slot
+    /// is a bounded number of epoch pushes, which a preempted pinned thread elsewhere in the
+    /// process can outlast on a busy machine; so it is retried, sleeping in between, for up to
+    /// [`RESERVE_PATIENCE`] before the `OutOfSpace` is reported.
+    fn reserve_patiently(&self, old: numakv_pmem::PPtr, n: usize) -> Result<()> {
+        let start = std::time::Instant::now();
+        loop {
+            match smo::reserve(&self.calloc, old, n) {
+                Err(e) if start.elapsed() < RESERVE_PATIENCE => {
+                    let _ = e;
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                r => return r,
+            }
         }
     }
 
     /// Entries per leaf.
     pub fn leaf_slots(&self) -> usize {
         self.slots
+    }
+
+    /// Whether the leaves use the coupled layout (metadata in PM).
+    pub fn coupled(&self) -> bool {
+        self.shape.coupled
     }
 
     /// The leaf concurrency variant of this session.
@@ -327,10 +368,11 @@ impl Engine for NbTree {
             return Err(Error::InvalidOptions("pool already holds an nbtree".into()));
         }
         let slots = opts.leaf_slots;
+        let shape = Shape { slots, coupled: opts.coupled };
         // Leaves get most of each node; a smaller pool is retried with fewer chunks.
         let mut share = 85;
         let (calloc, dir) = loop {
-            match Calloc::create(Arc::clone(&pool), calloc_config(&pool, slots, share)) {
+            match Calloc::create(Arc::clone(&pool), calloc_config(&pool, shape, share)) {
                 Ok(c) => break c,
                 Err(PoolError::OutOfSpace { .. }) if share > 10 => share -= 10,
                 Err(e) => return Err(e.into()),
@@ -344,8 +386,13 @@ impl Engine for NbTree {
         // is persisted frees it at the next open... which refuses the store anyway (meta 0).
         let smo = calloc.smo_begin(&[], 1)?;
         let first = smo.new_blocks()[0];
-        // SAFETY: a fresh Calloc block of `block_size(slots)` bytes.
-        let blk = unsafe { Block::at(&pool, first, slots) };
+        // SAFETY: a fresh Calloc block of `shape.block_size()` bytes.
+        let blk = unsafe { Block::at(&pool, first, shape) };
+        if shape.coupled {
+            // ORDERING: Relaxed; single-threaded create, persisted below.
+            blk.pm_bitmap().store(0, Ordering::Relaxed);
+            blk.pm_num().store(0, Ordering::Relaxed);
+        }
         for i in 0..slots {
             // ORDERING: Relaxed; single-threaded create, persisted below.
             blk.entry(i).key.store(0, Ordering::Relaxed);
@@ -354,7 +401,7 @@ impl Engine for NbTree {
         blk.head.next.store(0, Ordering::Relaxed);
         blk.head.low.store(0, Ordering::Relaxed);
         // PERSIST: the first block is durable before the head slot points to it.
-        pool.persist(blk.addr(), layout::block_size(slots));
+        pool.persist(blk.addr(), shape.block_size());
         let head_slot = pool.root(SLOT_HEAD)?;
         head_slot.store(first.raw(), Ordering::Release);
         // PERSIST: the head is durable before the format word declares the store initialised.
@@ -365,12 +412,12 @@ impl Engine for NbTree {
             unsafe { smo.commit(&g) };
         }
         let meta = pool.root(SLOT_META)?;
-        meta.store(layout::meta_word(slots), Ordering::Release);
+        meta.store(layout::meta_word(shape), Ordering::Release);
         // PERSIST: the format word last: a store with it set is complete.
         pool.persist_obj(meta);
         let leaf = Box::into_raw(Box::new(LeafMeta::new(slots, first, 0, u64::MAX)));
         let root = Box::into_raw(Box::new(Inner::new(1, leaf_word(leaf), u64::MAX)));
-        Ok(NbTree::new_handle(pool, calloc, slots, opts, root, leaf))
+        Ok(NbTree::new_handle(pool, calloc, shape, opts, root, leaf))
     }
 
     fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, RecoveryReport)> {

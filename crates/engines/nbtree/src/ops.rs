@@ -134,6 +134,12 @@ impl NbTree {
         e.val.store(value, Ordering::Relaxed);
         let fp = fingerprint(key);
         leaf.fps[pos].store(fp, Ordering::Relaxed);
+        if self.shape.coupled {
+            // Coupled leaf: the metadata changes are PM writes (same line: num and fps).
+            // ORDERING: Relaxed; published by the Release fetch_or of the bitmap mirror.
+            blk.pm_num().fetch_add(1, Ordering::Relaxed);
+            blk.pm_fp(pos).store(fp, Ordering::Relaxed);
+        }
         let mine = 1u64 << pos;
         let mut checked = 0u64;
         loop {
@@ -178,6 +184,12 @@ impl NbTree {
             {
                 break;
             }
+        }
+        if self.shape.coupled {
+            // ORDERING: Release; pairs with the Acquire in find_coupled (fingerprint visible).
+            blk.pm_bitmap().fetch_or(mine, Ordering::Release);
+            // PERSIST: the metadata line, with the entry below (ADR).
+            self.pool.flush(blk.addr(), 64);
         }
         // ORDERING: Release; pairs with readers' Acquire key loads (the value is visible).
         e.key.store(key, Ordering::Release);

@@ -19,7 +19,7 @@ use numakv_pmem::alloc::calloc::Calloc;
 use numakv_pmem::{PPtr, Pool};
 
 use crate::inner::{leaf_word, Inner, INNER_CAP};
-use crate::layout::{self, fingerprint, Block, ENGINE, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
+use crate::layout::{self, fingerprint, Block, Shape, ENGINE, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
 use crate::leaf::{LeafMeta, COMMIT_MASK};
 use crate::{NbTree, NbTreeOptions};
 
@@ -27,7 +27,7 @@ use crate::{NbTree, NbTreeOptions};
 const FILL: usize = INNER_CAP * 3 / 4;
 
 /// The validated block list: `(block, low)` in key order.
-fn walk(pool: &Pool, slots: usize, head: PPtr) -> Result<Vec<(PPtr, u64)>> {
+fn walk(pool: &Pool, shape: Shape, head: PPtr) -> Result<Vec<(PPtr, u64)>> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let mut p = head;
@@ -35,7 +35,7 @@ fn walk(pool: &Pool, slots: usize, head: PPtr) -> Result<Vec<(PPtr, u64)>> {
         if !seen.insert(p) {
             return Err(Error::corrupted(ENGINE, format!("block {p} reached twice (cycle)")));
         }
-        let b = Block::checked(pool, p, slots)?;
+        let b = Block::checked(pool, p, shape)?;
         let low = b.head.low.load_unaccounted(Ordering::Acquire);
         match out.last() {
             None if low != 0 => {
@@ -59,15 +59,16 @@ fn walk(pool: &Pool, slots: usize, head: PPtr) -> Result<Vec<(PPtr, u64)>> {
 pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, RecoveryReport)> {
     let t0 = Instant::now();
     let meta = pool.root(SLOT_META)?.load(Ordering::Acquire);
-    let slots = layout::decode_meta(meta).ok_or_else(|| {
+    let shape = layout::decode_meta(meta).ok_or_else(|| {
         Error::corrupted(ENGINE, format!("format word {meta:#x} is not an nbtree format"))
     })?;
     let dir = PPtr::from_raw(pool.root(SLOT_CALLOC)?.load(Ordering::Acquire));
     let head = PPtr::from_raw(pool.root(SLOT_HEAD)?.load(Ordering::Acquire));
-    let blocks = walk(&pool, slots, head)?;
+    let slots = shape.slots;
+    let blocks = walk(&pool, shape, head)?;
     let reachable: HashSet<PPtr> = blocks.iter().map(|b| b.0).collect();
     let (calloc, crec) = Calloc::open(Arc::clone(&pool), dir, |p| reachable.contains(&p))?;
-    if calloc.block_size() != layout::block_size(slots) {
+    if calloc.block_size() != shape.block_size() {
         return Err(Error::corrupted(ENGINE, "Calloc block size does not match the leaf size"));
     }
 
@@ -76,7 +77,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, Rec
     let mut entries = 0u64;
     for (idx, &(p, low)) in blocks.iter().enumerate() {
         let high = blocks.get(idx + 1).map_or(u64::MAX, |b| b.1);
-        let b = Block::checked(&pool, p, slots)?;
+        let b = Block::checked(&pool, p, shape)?;
         let m = LeafMeta::new(slots, p, low, high);
         let mut num = 0;
         let mut keys = HashSet::new();
@@ -101,6 +102,16 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, Rec
         }
         m.num.store(num as u32, Ordering::Relaxed);
         m.bitmap.store(((1u64 << num) - 1) & COMMIT_MASK, Ordering::Relaxed);
+        if shape.coupled {
+            // The PM metadata line is rewritten from the keys, like the DRAM one.
+            for i in 0..slots {
+                b.pm_fp(i).store(m.fps[i].load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            b.pm_num().store(num as u64, Ordering::Relaxed);
+            b.pm_bitmap().store(((1u64 << num) - 1) & COMMIT_MASK, Ordering::Relaxed);
+            // PERSIST: the rebuilt metadata line (ADR); nothing depends on it before open ends.
+            pool.persist(b.addr(), 64);
+        }
         metas.push(Box::into_raw(Box::new(m)));
     }
     for w in metas.windows(2) {
@@ -108,7 +119,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, Rec
         unsafe { (*w[0]).next.store(w[1], Ordering::Relaxed) };
     }
     let root = build_inner(&metas, &blocks);
-    let tree = NbTree::new_handle(pool, calloc, slots, opts, root, metas[0]);
+    let tree = NbTree::new_handle(pool, calloc, shape, opts, root, metas[0]);
     let report = RecoveryReport {
         was_clean: tree.pool.was_clean(),
         elapsed: t0.elapsed(),
@@ -163,7 +174,7 @@ impl NbTree {
         let bad = |m: String| Err(Error::corrupted(ENGINE, m));
         let g = numakv_pmem::alloc::epoch::pin();
         let head = PPtr::from_raw(self.pool.root(SLOT_HEAD)?.load(Ordering::Acquire));
-        let blocks = walk(&self.pool, self.slots, head)?;
+        let blocks = walk(&self.pool, self.shape, head)?;
         let mut leaves = Vec::new();
         // ORDERING: Acquire; pairs with the SeqCst head CAS.
         let mut p = self.head.load(Ordering::Acquire);

@@ -17,9 +17,12 @@
 //!   sets it retires the old leaf (metadata through the epoch, block through the Calloc SMO's
 //!   commit, which clears the log after the grace period).
 
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use numakv_index::Result;
+use numakv_pmem::alloc::calloc::{Calloc, Smo};
 use numakv_pmem::alloc::epoch::Guard;
 use numakv_pmem::PPtr;
 
@@ -27,6 +30,55 @@ use crate::inner::leaf_word;
 use crate::layout::{fingerprint, Block, SLOT_HEAD};
 use crate::leaf::{LeafMeta, FLAG_LINK, FLAG_SYNC, PENDING_SHIFT, TAG_COPY, TAG_SYNC};
 use crate::NbTree;
+
+thread_local! {
+    /// A Calloc SMO the copy phase could not begin while pinned: (allocator, old block, count).
+    static WANT: Cell<Option<(usize, PPtr, usize)>> = const { Cell::new(None) };
+    /// A Calloc SMO begun unpinned for the retried operation (see `NbTree::pinned`).
+    static RESERVED: RefCell<Option<(usize, PPtr, usize, Smo)>> = const { RefCell::new(None) };
+}
+
+fn calloc_id(c: &Arc<Calloc>) -> usize {
+    Arc::as_ptr(c) as usize
+}
+
+/// Records that the copy phase wanted a Calloc SMO replacing `old` by `n` blocks.
+pub(crate) fn want_reservation(c: &Arc<Calloc>, old: PPtr, n: usize) {
+    WANT.with(|w| w.set(Some((calloc_id(c), old, n))));
+}
+
+/// The recorded wish, if it was for this allocator.
+pub(crate) fn take_want(c: &Arc<Calloc>) -> Option<(PPtr, usize)> {
+    WANT.with(|w| w.take()).filter(|w| w.0 == calloc_id(c)).map(|w| (w.1, w.2))
+}
+
+/// Begins the wished Calloc SMO (the caller is not pinned) and keeps it for the retry.
+pub(crate) fn reserve(c: &Arc<Calloc>, old: PPtr, n: usize) -> Result<()> {
+    let smo = c.smo_begin(&[old], n)?;
+    RESERVED.with(|r| *r.borrow_mut() = Some((calloc_id(c), old, n, smo)));
+    Ok(())
+}
+
+/// The reservation, if it matches.
+fn take_reservation(c: &Arc<Calloc>, old: PPtr, n: usize) -> Option<Smo> {
+    RESERVED.with(|r| {
+        let mut r = r.borrow_mut();
+        match r.take() {
+            Some((id, o, k, smo)) if id == calloc_id(c) && o == old && k == n => Some(smo),
+            other => {
+                *r = other;
+                None
+            }
+        }
+    })
+}
+
+/// Aborts an unused reservation (its new blocks are freed, its log slot cleared).
+pub(crate) fn drop_reservation() {
+    if let Some((_, _, _, smo)) = RESERVED.with(|r| r.borrow_mut().take()) {
+        smo.abort();
+    }
+}
 
 /// Raw pointer wrapper for deferred destruction.
 struct SendPtr(*mut LeafMeta);
@@ -95,7 +147,17 @@ impl NbTree {
         // Paper: two new leaves when the valid entries exceed half the capacity.
         let two = live.len() > self.slots / 2 && live.len() >= 2;
         let split = if two { live[live.len() / 2].0 } else { leaf.high };
-        let smo = self.calloc.smo_begin(&[leaf.data], if two { 2 } else { 1 })?;
+        let n = if two { 2 } else { 1 };
+        let smo = match take_reservation(&self.calloc, leaf.data, n) {
+            Some(smo) => smo,
+            None => match self.calloc.smo_begin(&[leaf.data], n) {
+                Ok(smo) => smo,
+                Err(e) => {
+                    want_reservation(&self.calloc, leaf.data, n);
+                    return Err(e.into());
+                }
+            },
+        };
         let blocks = smo.new_blocks().to_vec();
         // ORDERING: SeqCst pair with the successor's link CAS (see LeafMeta::next_ptr); the PM
         // word mirrors it and is read the same way.
@@ -172,8 +234,15 @@ impl NbTree {
         }
         blk.head.low.store(low, Ordering::Relaxed);
         blk.head.next.store(next, Ordering::Relaxed);
+        if self.shape.coupled {
+            for (i, &(k, _)) in ents.iter().enumerate() {
+                blk.pm_fp(i).store(fingerprint(k), Ordering::Relaxed);
+            }
+            blk.pm_num().store(ents.len() as u64, Ordering::Relaxed);
+            blk.pm_bitmap().store((1u64 << ents.len()) - 1, Ordering::Relaxed);
+        }
         // PERSIST: the new block is durable before it can be linked into the key-value layer.
-        self.pool.persist(blk.addr(), crate::layout::block_size(self.slots));
+        self.pool.persist(blk.addr(), self.shape.block_size());
     }
 
     fn sync_phase(&self, leaf: &LeafMeta, nl: &LeafMeta, g: &Guard) {
@@ -231,10 +300,10 @@ impl NbTree {
             }
         }
         // PERSIST: the synchronised new blocks are durable before the link makes them reachable.
-        self.pool.persist(self.blk(nl.data).addr(), crate::layout::block_size(self.slots));
+        self.pool.persist(self.blk(nl.data).addr(), self.shape.block_size());
         if !nl.pair.is_null() {
             let r = self.meta(nl.pair, g);
-            self.pool.persist(self.blk(r.data).addr(), crate::layout::block_size(self.slots));
+            self.pool.persist(self.blk(r.data).addr(), self.shape.block_size());
         }
     }
 
@@ -380,9 +449,9 @@ impl NbTree {
     /// The block of a leaf.
     #[inline]
     pub(crate) fn blk(&self, p: PPtr) -> Block<'_> {
-        // SAFETY: every `data` pointer of a leaf is a Calloc block of this tree sized for
-        // `slots`; blocks are freed only after an epoch grace period following their leaf's
-        // unlink, and every caller holds a guard.
-        unsafe { Block::at(&self.pool, p, self.slots) }
+        // SAFETY: every `data` pointer of a leaf is a Calloc block of this tree of
+        // `shape.block_size()` bytes; blocks are freed only after an epoch grace period
+        // following their leaf's unlink, and every caller holds a guard.
+        unsafe { Block::at(&self.pool, p, self.shape) }
     }
 }

@@ -19,10 +19,21 @@ const THREADS: usize = 4;
 const OPS: usize = 4_000;
 
 fn run(slots: usize, keys: u64, variant: Variant, mode: PersistMode, seed: u64) {
+    run_shape(slots, keys, variant, false, mode, seed)
+}
+
+fn run_shape(
+    slots: usize,
+    keys: u64,
+    variant: Variant,
+    coupled: bool,
+    mode: PersistMode,
+    seed: u64,
+) {
     let mut cfg = PoolConfig::new(NbTree::engine_id(), 64 << 20);
     cfg.mode = mode;
     let pool = Pool::volatile(cfg).unwrap();
-    let opts = NbTreeOptions { leaf_slots: slots, variant, smo_yield: true };
+    let opts = NbTreeOptions { leaf_slots: slots, variant, coupled, smo_yield: true };
     let t = Arc::new(NbTree::create(pool, &opts).unwrap());
     let tick = Arc::new(AtomicU64::new(0));
     let start = Arc::new(Barrier::new(THREADS));
@@ -125,4 +136,9 @@ fn smo_stress_variants() {
 fn smo_stress_inner_splits() {
     // Enough 2-slot leaves for inner nodes (64 separators) and the root to split under load.
     run(2, 1_500, Variant::LockFree, PersistMode::Eadr, seed());
+}
+
+#[test]
+fn smo_stress_coupled() {
+    run_shape(3, 32, Variant::LockFree, true, PersistMode::Eadr, seed());
 }
