@@ -239,15 +239,12 @@ impl<'a> Block<'a> {
     }
 }
 
-/// One-byte fingerprint of a key (FNV-1a over its bytes, as the prototype's `hashfunc`).
+/// One-byte fingerprint of a key: the top byte of a Fibonacci (multiplicative) hash — one
+/// multiply, every key bit reaching the result. (The prototype uses FNV-1a; fingerprints are
+/// DRAM-only, so the choice is not part of the format.)
 #[inline]
 pub fn fingerprint(key: u64) -> u8 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.to_le_bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h ^ (h >> 32) ^ (h >> 16) ^ (h >> 8)) as u8
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
 }
 
 #[cfg(test)]

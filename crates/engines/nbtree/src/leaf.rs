@@ -40,7 +40,7 @@ use numakv_pmem::alloc::calloc::Smo;
 use numakv_pmem::PPtr;
 use parking_lot::{Mutex, RwLock};
 
-use crate::layout::{fingerprint, Block};
+use crate::layout::{fingerprint, Block, MAX_SLOTS};
 
 /// Commit bits.
 pub const COMMIT_MASK: u64 = (1 << 31) - 1;
@@ -66,10 +66,12 @@ pub const FLAG_LINK: u8 = 2;
 /// One leaf's metadata (DRAM).
 #[derive(Debug)]
 pub struct LeafMeta {
-    /// Fingerprint per slot.
-    pub fps: Box<[AtomicU8]>,
+    /// Fingerprint per slot (inline, like every per-slot array: one allocation per leaf).
+    pub fps: [AtomicU8; MAX_SLOTS],
     /// Sync tag per slot (see the module docs); all 0 in leaves not born in an SMO.
-    pub tags: Box<[AtomicU32]>,
+    pub tags: [AtomicU32; MAX_SLOTS],
+    /// Slots in use by the leaf's format (≤ `MAX_SLOTS`).
+    slots: usize,
     /// Slots claimed by committed and in-flight inserts (may exceed the slot count).
     pub num: AtomicU32,
     /// Commit / pending / SMO bits (see the module docs).
@@ -108,8 +110,9 @@ impl LeafMeta {
     /// A leaf with `slots` empty slots.
     pub fn new(slots: usize, data: PPtr, low: u64, high: u64) -> LeafMeta {
         LeafMeta {
-            fps: (0..slots).map(|_| AtomicU8::new(0)).collect(),
-            tags: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            fps: std::array::from_fn(|_| AtomicU8::new(0)),
+            tags: std::array::from_fn(|_| AtomicU32::new(0)),
+            slots,
             num: AtomicU32::new(0),
             bitmap: AtomicU64::new(0),
             data,
@@ -127,7 +130,7 @@ impl LeafMeta {
 
     /// Slot count.
     pub fn slots(&self) -> usize {
-        self.fps.len()
+        self.slots
     }
 
     /// True once the SMO bit is set.

@@ -26,33 +26,87 @@ use crate::{NbTree, NbTreeOptions};
 /// Children per rebuilt inner node (room left for later separators).
 const FILL: usize = INNER_CAP * 3 / 4;
 
-/// The validated block list: `(block, low)` in key order.
+/// The validated block list: `(block, low)` in key order. The strictly ascending `low` keys
+/// also rule out cycles (a block reached twice would repeat its `low`).
 fn walk(pool: &Pool, shape: Shape, head: PPtr) -> Result<Vec<(PPtr, u64)>> {
-    let mut out = Vec::new();
-    let mut seen = HashSet::new();
+    Ok(scan(pool, shape, head)?.0.into_iter().map(|l| (l.block, l.low)).collect())
+}
+
+/// What the recovery scan keeps of one block (no per-leaf allocation: the metadata is built
+/// from this once the allocator has been opened).
+struct Scanned {
+    block: PPtr,
+    low: u64,
+    /// Last live slot + 1.
+    num: u8,
+    fps: [u8; layout::MAX_SLOTS],
+}
+
+/// One pass over the key-value layer: every block validated (bounds, alignment, ascending
+/// `low` — which also rules out cycles —, keys inside `[low, next.low)`, no key twice in a
+/// block), fingerprints and `num` computed. Returns the leaves and the entry count.
+fn scan(pool: &Pool, shape: Shape, head: PPtr) -> Result<(Vec<Scanned>, u64)> {
+    let mut out: Vec<Scanned> = Vec::new();
+    let mut entries = 0u64;
+    // Keys of the previous block, checked against its high key (this block's low).
+    let mut prev = [0u64; layout::MAX_SLOTS];
+    let mut nprev = 0;
     let mut p = head;
+    let check_prev = |prev: &[u64], high: u64, block: PPtr| match prev.iter().find(|&&k| k >= high)
+    {
+        Some(k) => Err(Error::corrupted(
+            ENGINE,
+            format!("block {block}: key {k} at or above the next block's low key {high}"),
+        )),
+        None => Ok(()),
+    };
     while !p.is_null() {
-        if !seen.insert(p) {
-            return Err(Error::corrupted(ENGINE, format!("block {p} reached twice (cycle)")));
-        }
         let b = Block::checked(pool, p, shape)?;
         let low = b.head.low.load_unaccounted(Ordering::Acquire);
         match out.last() {
             None if low != 0 => {
                 return Err(Error::corrupted(ENGINE, format!("first block {p} has low key {low}")))
             }
-            Some(&(_, prev)) if low <= prev => {
-                return Err(Error::corrupted(ENGINE, format!("block {p}: low keys not ascending")))
+            Some(last) if low <= last.low => {
+                return Err(Error::corrupted(
+                    ENGINE,
+                    format!("block {p}: low keys not ascending (or a cycle)"),
+                ))
             }
-            _ => {}
+            Some(last) => check_prev(&prev[..nprev], low, last.block)?,
+            None => {}
         }
-        out.push((p, low));
+        let mut leaf = Scanned { block: p, low, num: 0, fps: [0; layout::MAX_SLOTS] };
+        nprev = 0;
+        for i in 0..shape.slots {
+            let k = b.entry(i).key.load_unaccounted(Ordering::Acquire);
+            if k == 0 {
+                continue;
+            }
+            if k < low {
+                return Err(Error::corrupted(
+                    ENGINE,
+                    format!("block {p}: key {k} below the leaf's low key {low}"),
+                ));
+            }
+            if prev[..nprev].contains(&k) {
+                return Err(Error::corrupted(ENGINE, format!("block {p}: key {k} twice")));
+            }
+            prev[nprev] = k;
+            nprev += 1;
+            leaf.fps[i] = fingerprint(k);
+            leaf.num = i as u8 + 1;
+            entries += 1;
+        }
+        out.push(leaf);
         p = PPtr::from_raw(b.head.next.load_unaccounted(Ordering::Acquire));
     }
-    if out.is_empty() {
+    if let Some(last) = out.last() {
+        check_prev(&prev[..nprev], u64::MAX, last.block)?;
+    } else {
         return Err(Error::corrupted(ENGINE, "empty block list"));
     }
-    Ok(out)
+    Ok((out, entries))
 }
 
 /// [`numakv_index::Engine::open`] for NBTree.
@@ -65,47 +119,36 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, Rec
     let dir = PPtr::from_raw(pool.root(SLOT_CALLOC)?.load(Ordering::Acquire));
     let head = PPtr::from_raw(pool.root(SLOT_HEAD)?.load(Ordering::Acquire));
     let slots = shape.slots;
-    let blocks = walk(&pool, shape, head)?;
-    let reachable: HashSet<PPtr> = blocks.iter().map(|b| b.0).collect();
-    let (calloc, crec) = Calloc::open(Arc::clone(&pool), dir, |p| reachable.contains(&p))?;
+    let (leaves, entries) = scan(&pool, shape, head)?;
+    let t_scan = t0.elapsed();
+    // Calloc asks only about logged blocks (a handful): a sorted vector is enough.
+    let mut reachable: Vec<u64> = leaves.iter().map(|l| l.block.raw()).collect();
+    reachable.sort_unstable();
+    let (calloc, crec) =
+        Calloc::open(Arc::clone(&pool), dir, |p| reachable.binary_search(&p.raw()).is_ok())?;
+    drop(reachable);
+    let t_calloc = t0.elapsed();
     if calloc.block_size() != shape.block_size() {
         return Err(Error::corrupted(ENGINE, "Calloc block size does not match the leaf size"));
     }
 
-    // The metadata layer.
-    let mut metas: Vec<*mut LeafMeta> = Vec::with_capacity(blocks.len());
-    let mut entries = 0u64;
-    for (idx, &(p, low)) in blocks.iter().enumerate() {
-        let high = blocks.get(idx + 1).map_or(u64::MAX, |b| b.1);
-        let b = Block::checked(&pool, p, shape)?;
-        let m = LeafMeta::new(slots, p, low, high);
-        let mut num = 0;
-        let mut keys = HashSet::new();
-        for i in 0..slots {
-            let k = b.entry(i).key.load_unaccounted(Ordering::Acquire);
-            if k == 0 {
-                continue;
-            }
-            if k < low || k >= high || k == u64::MAX {
-                return Err(Error::corrupted(
-                    ENGINE,
-                    format!("block {p}: key {k} outside the leaf range [{low}, {high})"),
-                ));
-            }
-            if !keys.insert(k) {
-                return Err(Error::corrupted(ENGINE, format!("block {p}: key {k} twice")));
-            }
+    // The metadata layer (DRAM only, except the coupled layout's PM metadata line).
+    let mut metas: Vec<*mut LeafMeta> = Vec::with_capacity(leaves.len());
+    for (idx, l) in leaves.iter().enumerate() {
+        let high = leaves.get(idx + 1).map_or(u64::MAX, |n| n.low);
+        let m = LeafMeta::new(slots, l.block, l.low, high);
+        let num = usize::from(l.num);
+        for i in 0..num {
             // ORDERING: Relaxed; the tree is published to other threads only after open.
-            m.fps[i].store(fingerprint(k), Ordering::Relaxed);
-            num = i + 1;
-            entries += 1;
+            m.fps[i].store(l.fps[i], Ordering::Relaxed);
         }
         m.num.store(num as u32, Ordering::Relaxed);
         m.bitmap.store(((1u64 << num) - 1) & COMMIT_MASK, Ordering::Relaxed);
         if shape.coupled {
+            let b = Block::checked(&pool, l.block, shape)?;
             // The PM metadata line is rewritten from the keys, like the DRAM one.
             for i in 0..slots {
-                b.pm_fp(i).store(m.fps[i].load(Ordering::Relaxed), Ordering::Relaxed);
+                b.pm_fp(i).store(l.fps[i], Ordering::Relaxed);
             }
             b.pm_num().store(num as u64, Ordering::Relaxed);
             b.pm_bitmap().store(((1u64 << num) - 1) & COMMIT_MASK, Ordering::Relaxed);
@@ -118,16 +161,24 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, Rec
         // SAFETY: fresh boxes owned by this function.
         unsafe { (*w[0]).next.store(w[1], Ordering::Relaxed) };
     }
-    let root = build_inner(&metas, &blocks);
+    let t_leaves = t0.elapsed();
+    let bounds: Vec<(PPtr, u64)> = leaves.iter().map(|l| (l.block, l.low)).collect();
+    let root = build_inner(&metas, &bounds);
     let tree = NbTree::new_handle(pool, calloc, shape, opts, root, metas[0]);
+    let elapsed = t0.elapsed();
+    let us = |d: std::time::Duration| d.as_micros() as u64;
     let report = RecoveryReport {
         was_clean: tree.pool.was_clean(),
-        elapsed: t0.elapsed(),
+        elapsed,
         counters: vec![
             ("leaves", metas.len() as u64),
             ("entries", entries),
             ("smo_blocks_reclaimed", crec.blocks_recovered),
             ("log_slots_replayed", crec.log_slots_replayed),
+            ("scan_us", us(t_scan)),
+            ("calloc_us", us(t_calloc - t_scan)),
+            ("leaf_metadata_us", us(t_leaves - t_calloc)),
+            ("inner_nodes_us", us(elapsed - t_leaves)),
         ],
     };
     Ok((tree, report))
