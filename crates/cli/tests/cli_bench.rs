@@ -163,6 +163,10 @@ fn list_names_every_target_workload_and_reproduction() {
     for name in [
         "fastfair",
         "fastfair-interleave",
+        "nbtree",
+        "nbtree-w",
+        "nbtree-wr",
+        "nbtree-coupled",
         "crossbeam-skiplist",
         "scc-treeindex",
         "rwlock-btreemap",
@@ -174,7 +178,8 @@ fn list_names_every_target_workload_and_reproduction() {
     }
     let repros = numakv(&["repro", "list"], cwd.path());
     assert_eq!(repros.code, 0);
-    assert_eq!(repros.stdout.lines().count(), 3, "{repros:?}");
+    assert_eq!(repros.stdout.lines().count(), 4, "{repros:?}");
+    assert!(repros.stdout.contains("nbtree-factors"), "{repros:?}");
 }
 
 #[test]
