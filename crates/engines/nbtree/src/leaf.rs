@@ -94,7 +94,8 @@ pub struct LeafMeta {
     /// For the first new leaf of an SMO that made two: the second one (immutable once the copy
     /// is published; `next` may later move on when that leaf is itself replaced).
     pub pair: *mut LeafMeta,
-    /// The Calloc SMO of the winning copy, committed by whoever completes the link phase.
+    /// In the first new leaf of an SMO: the Calloc SMO that allocated it, committed by whoever
+    /// completes the link phase (set before the copy is published).
     pub smo: Mutex<Option<Smo>>,
     /// Node-grained lock of the NBTree-W / NBTree-WR variants (unused by NBTree).
     pub lock: RwLock<()>,

@@ -178,6 +178,12 @@ impl NbTree {
             m.copied = ents.len() as u32;
             m
         };
+        // The Calloc SMO travels inside the first new leaf, set before the copy is published:
+        // whoever completes the link finds it there. (Stored into the old leaf after the CAS,
+        // a helper could finish the SMO in between, find nothing to commit, and the handle
+        // would later be dropped with the retired leaf — aborting, i.e. freeing, the new
+        // blocks that are by then linked.)
+        let mut smo = Some(smo);
         let nl_ptr = if two {
             let mut r = mk(blocks[1], split, leaf.high, rhs, old_next_blk);
             r.next = old_next.into();
@@ -185,10 +191,12 @@ impl NbTree {
             let mut l = mk(blocks[0], leaf.low, split, lhs, blocks[1].raw());
             l.next = r.into();
             l.pair = r;
+            l.smo = smo.take().into();
             Box::into_raw(Box::new(l))
         } else {
             let mut l = mk(blocks[0], leaf.low, leaf.high, lhs, old_next_blk);
             l.next = old_next.into();
+            l.smo = smo.take().into();
             Box::into_raw(Box::new(l))
         };
         // ORDERING: AcqRel; Release publishes the new leaves (metadata and PM contents) to the
@@ -200,20 +208,22 @@ impl NbTree {
             Ordering::Acquire,
         ) {
             Ok(_) => {
-                *leaf.smo.lock() = Some(smo);
                 self.counters.smos.fetch_add(1, Ordering::Relaxed);
             }
             Err(_) => {
                 // Another copier won; ours was never visible.
                 // SAFETY: nl_ptr (and its pair) came from Box::into_raw above and were never
                 // published.
-                unsafe {
-                    let l = Box::from_raw(nl_ptr);
-                    if !l.pair.is_null() {
-                        drop(Box::from_raw(l.pair));
-                    }
+                let mut l = unsafe { Box::from_raw(nl_ptr) };
+                if !l.pair.is_null() {
+                    // SAFETY: as above, the pair was never published either.
+                    drop(unsafe { Box::from_raw(l.pair) });
                 }
-                smo.abort();
+                let smo = l.smo.get_mut().take();
+                drop(l);
+                if let Some(smo) = smo {
+                    smo.abort();
+                }
                 self.counters.copies_lost.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -339,12 +349,17 @@ impl NbTree {
             let pb = self.blk(pred.data);
             // ORDERING: SeqCst; Dekker pair with the predecessor's SMO bit (copy_phase reads
             // `next` after the bit is set; we read the bit after this CAS).
-            let _ = pb.head.next.compare_exchange(
+            let pm = pb.head.next.compare_exchange(
                 leaf.data.raw(),
                 nl.data.raw(),
                 Ordering::SeqCst,
                 Ordering::SeqCst,
             );
+            if pm.is_err_and(|cur| cur != nl.data.raw()) {
+                // The PM layer does not show this predecessor linking the old leaf (nor the new
+                // one): never link in DRAM what PM does not link; look for the predecessor again.
+                continue;
+            }
             // PERSIST: durability point of the SMO.
             self.pool.persist_obj(&pb.head.next);
             let _ =
@@ -420,7 +435,8 @@ impl NbTree {
     /// Retires an unlinked leaf: its metadata after the grace period, its block through the
     /// Calloc SMO's commit (freed after the grace period, then the log slot cleared).
     fn retire(&self, leaf: &LeafMeta, g: &Guard) {
-        if let Some(smo) = leaf.smo.lock().take() {
+        let nl = self.meta(leaf.copy_ptr(), g);
+        if let Some(smo) = nl.smo.lock().take() {
             // SAFETY: the new blocks are linked in both layers and the parent; the old block is
             // unreachable for new readers, and only this thread (the one that set FLAG_LINK
             // under the parent's transaction) commits it.
