@@ -24,7 +24,8 @@
 //! bit 0  COPY   value copied by the copy phase, not yet synchronised or overwritten
 //! bit 1  SYNC   value synchronised from the old leaf (sync phase, sync-on-write, sync-on-read)
 //! bit 2  BUSY   one thread is storing the PM value of this slot under the tag
-//! bits 3..32    version, bumped at every release (ABA guard)
+//! bit 3  SEAL   this leaf's own SMO has begun its sync phase: no delete commits here any more
+//! bits 4..32    version, bumped at every release (ABA guard)
 //! ```
 //!
 //! The paper keeps `copy_bit`/`sync_bit` in the two high bits of the PM value and changes value
@@ -33,6 +34,15 @@
 //! store the value, release `BUSY → state'` — a one-store critical section per slot. A slot
 //! whose state is 0 (a direct write happened) is never synchronised again, so direct writers
 //! store without touching the tag once it is 0.
+//!
+//! SEAL is the old-leaf side of the same word (the leaf's role as the *source* of an SMO, where
+//! COPY/SYNC describe its role as a *target*). A delete commits in a leaf only inside the slot's
+//! BUSY section and only while the slot is unsealed; every sync-phase thread seals each committed
+//! slot (waiting out BUSY) before it reads the old leaf. So a delete either committed before the
+//! sync pass read the slot (the pass, or the delete's own sync-on-write, carries it to the copy),
+//! or it finds SEAL and runs on the copy, which is authoritative for the key from then on (a
+//! success there is mirrored back into the old leaf for crash consistency; docs/design.md
+//! "NBTree", sealing).
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -56,7 +66,9 @@ pub const TAG_SYNC: u32 = 2;
 /// Tag: a value store is in progress.
 pub const TAG_BUSY: u32 = 4;
 const TAG_STATE: u32 = 7;
-const TAG_VER: u32 = 8;
+/// Tag: the leaf's own SMO is in its sync phase; deletes go to the copy.
+pub const TAG_SEAL: u32 = 8;
+const TAG_VER: u32 = 16;
 
 /// SMO flag: the sync phase is complete.
 pub const FLAG_SYNC: u8 = 1;
@@ -91,6 +103,10 @@ pub struct LeafMeta {
     /// Slots filled by the copy phase that created this leaf (0 for other leaves): the only
     /// slots synchronisation may touch.
     pub copied: u32,
+    /// For each copied slot, the old leaf's slot it was copied from (immutable once published):
+    /// a delete's sync-on-write zeroes only the copy of the instance it deleted, never a later
+    /// instance of the key (docs/design.md "NBTree", sealing).
+    pub src: [u8; MAX_SLOTS],
     /// For the first new leaf of an SMO that made two: the second one (immutable once the copy
     /// is published; `next` may later move on when that leaf is itself replaced).
     pub pair: *mut LeafMeta,
@@ -123,6 +139,7 @@ impl LeafMeta {
             flags: AtomicU8::new(0),
             next: AtomicPtr::new(std::ptr::null_mut()),
             copied: 0,
+            src: [0; MAX_SLOTS],
             pair: std::ptr::null_mut(),
             smo: Mutex::new(None),
             lock: RwLock::new(()),
@@ -273,6 +290,59 @@ impl LeafMeta {
                 // ORDERING: Release; publishes the value store to the next tag holder.
                 tag.store(ver | state, Ordering::Release);
                 return true;
+            }
+        }
+    }
+
+    /// Seals slot `i` (sync phase of this leaf's SMO), waiting out a BUSY holder: a delete that
+    /// held the slot has committed and is visible to the caller's subsequent reads.
+    pub fn seal(&self, i: usize) {
+        let tag = &self.tags[i];
+        loop {
+            // ORDERING: Acquire; pairs with the Release of a BUSY holder (its key CAS visible).
+            let t = tag.load(Ordering::Acquire);
+            if t & TAG_SEAL != 0 {
+                return;
+            }
+            if t & TAG_BUSY != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // ORDERING: AcqRel; Acquire as the load above, Release orders nothing in particular
+            // but keeps the RMW a full fence on the seal's side of the handshake.
+            if tag.compare_exchange(t, t | TAG_SEAL, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// True once slot `i` is sealed.
+    #[inline]
+    pub fn sealed(&self, i: usize) -> bool {
+        // ORDERING: Acquire; pairs with the AcqRel seal CAS.
+        self.tags[i].load(Ordering::Acquire) & TAG_SEAL != 0
+    }
+
+    /// Runs `f` holding slot `i`'s BUSY bit, unless the slot is sealed (`None`). The tag's state
+    /// bits are kept; the version is bumped.
+    pub fn unsealed<R>(&self, i: usize, f: impl FnOnce() -> R) -> Option<R> {
+        let tag = &self.tags[i];
+        loop {
+            // ORDERING: Acquire; pairs with the Release of the previous holder.
+            let t = tag.load(Ordering::Acquire);
+            if t & TAG_SEAL != 0 {
+                return None;
+            }
+            if t & TAG_BUSY != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // ORDERING: Acquire on success, as the load above.
+            if tag.compare_exchange(t, t | TAG_BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                let r = f();
+                // ORDERING: Release; publishes what `f` wrote to the sealer's Acquire.
+                tag.store(t.wrapping_add(TAG_VER), Ordering::Release);
+                return Some(r);
             }
         }
     }

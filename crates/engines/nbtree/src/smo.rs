@@ -7,7 +7,9 @@
 //!   median key; allocate them through a Calloc SMO (recyclable log: old + new blocks logged
 //!   before the new blocks are durably allocated); install the first one with
 //!   `CAS(copy_ptr, null, new)`. Losers abort their Calloc SMO.
-//! - **Sync**: for every live entry of the old leaf whose copy still carries the COPY tag and a
+//! - **Sync**: seal the old leaf's committed slots (no delete commits there any more; a delete
+//!   that finds a sealed slot goes to the copy), then for every live entry of
+//!   the old leaf whose copy still carries the COPY tag and a
 //!   different value, store the old leaf's current value (tag COPY → SYNC); zero every copied key
 //!   that is no longer live in the old leaf. Then set `FLAG_SYNC`.
 //! - **Link**: `CAS(pred.block.next, old.block, new.block)` in PM — the SMO's durability point —
@@ -124,10 +126,11 @@ impl NbTree {
         }
     }
 
-    fn copy_phase(&self, leaf: &LeafMeta, g: &Guard) -> Result<()> {
+    pub(crate) fn copy_phase(&self, leaf: &LeafMeta, g: &Guard) -> Result<()> {
         leaf.wait_pending();
         let blk = self.blk(leaf.data);
-        let mut live: Vec<(u64, u64)> = Vec::with_capacity(self.slots);
+        // (key, value, old slot): the old slot travels into the copy's `src`.
+        let mut live: Vec<(u64, u64, u8)> = Vec::with_capacity(self.slots);
         let mut bits = leaf.committed();
         while bits != 0 {
             let i = bits.trailing_zeros() as usize;
@@ -139,7 +142,7 @@ impl NbTree {
                 continue;
             }
             if let Some(v) = LeafMeta::read_slot(&blk, i, k) {
-                live.push((k, v));
+                live.push((k, v, i as u8));
             }
         }
         self.pause();
@@ -165,10 +168,12 @@ impl NbTree {
         let old_next_blk = blk.head.next.load(Ordering::SeqCst);
         let (lhs, rhs) =
             live.split_at(live.iter().position(|e| e.0 >= split).unwrap_or(live.len()));
-        let mk = |p: PPtr, low: u64, high: u64, ents: &[(u64, u64)], next_blk: u64| {
-            self.init_block(p, low, next_blk, ents);
+        let mk = |p: PPtr, low: u64, high: u64, ents: &[(u64, u64, u8)], next_blk: u64| {
+            let kv: Vec<(u64, u64)> = ents.iter().map(|e| (e.0, e.1)).collect();
+            self.init_block(p, low, next_blk, &kv);
             let mut m = LeafMeta::new(self.slots, p, low, high);
-            for (i, &(k, _)) in ents.iter().enumerate() {
+            for (i, &(k, _, from)) in ents.iter().enumerate() {
+                m.src[i] = from;
                 // ORDERING: Relaxed; the metadata is published by the copy_ptr CAS (AcqRel).
                 m.fps[i].store(fingerprint(k), Ordering::Relaxed);
                 m.tags[i].store(TAG_COPY, Ordering::Relaxed);
@@ -257,6 +262,18 @@ impl NbTree {
 
     fn sync_phase(&self, leaf: &LeafMeta, nl: &LeafMeta, g: &Guard) {
         let blk = self.blk(leaf.data);
+        // Seal first: from here on no delete commits in the old leaf (a delete in its BUSY
+        // section finishes before the seal, and we read its key after), and deletes that arrive
+        // go to the copy instead. Without it, a delete that found the key in the old
+        // leaf before the sync pass read the slot, but committed there after, was neither
+        // carried over by the pass nor excluded from succeeding again on a copy that had become
+        // the live leaf (docs/design.md "NBTree", sealing).
+        let mut bits = leaf.committed();
+        while bits != 0 {
+            let i = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            leaf.seal(i);
+        }
         let mut bits = leaf.committed();
         while bits != 0 {
             let i = bits.trailing_zeros() as usize;
