@@ -115,6 +115,27 @@ const VARIANTS: &[Variant] = &[
         description: "nstore engine without the DRAM cache (NStore-w/o-RAF, papers/nstore.txt \
                       Fig. 11)",
     },
+    Variant {
+        name: "nbtree-w",
+        kind: EngineKind::NbTree,
+        settings: &[("variant", "w")],
+        description: "NBTree-W (papers/nbtree.txt Fig. 14): node-grained write locks on leaves \
+                      instead of the lock-free write schemes; lock-free reads",
+    },
+    Variant {
+        name: "nbtree-wr",
+        kind: EngineKind::NbTree,
+        settings: &[("variant", "wr")],
+        description: "NBTree-WR (papers/nbtree.txt Fig. 14): node-grained locks on leaves for \
+                      reads and writes",
+    },
+    Variant {
+        name: "nbtree-coupled",
+        kind: EngineKind::NbTree,
+        settings: &[("coupled", "true")],
+        description: "NBTree with coupled leaves (papers/nbtree.txt Fig. 13): leaf metadata \
+                      kept in PM with the key-value entries",
+    },
 ];
 
 /// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.

@@ -1,11 +1,16 @@
 //! The engines as benchmark targets: a store per instance in the given directory, contents kept
 //! across a clean reopen and a crash, and runs through the runner in both persistence modes.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use numakv_bench::engines;
 use numakv_bench::{run, BenchConfig, PersistMode, Progress, Reopen, TargetEnv};
 use numakv_numa::Topology;
+
+/// The tests of this binary run one at a time: they share the process-wide epoch collector, so
+/// the deferred frees of one test's ADR stores (which flush) can run on another test's worker
+/// threads and show up in that run's per-thread flush count.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn env(dir: &std::path::Path, persist: PersistMode) -> TargetEnv {
     TargetEnv {
@@ -19,6 +24,7 @@ fn env(dir: &std::path::Path, persist: PersistMode) -> TargetEnv {
 
 #[test]
 fn an_engine_instance_keeps_its_contents_across_reopen_and_crash() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for target in engines::all() {
         let dir = tempfile::tempdir().unwrap();
         let mut inst = target.open(&env(dir.path(), PersistMode::Adr)).unwrap();
@@ -45,6 +51,7 @@ fn an_engine_instance_keeps_its_contents_across_reopen_and_crash() {
 
 #[test]
 fn engines_and_peers_run_side_by_side_in_both_modes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for persist in [PersistMode::Adr, PersistMode::Eadr] {
         let scratch = tempfile::tempdir().unwrap();
         let config = BenchConfig {

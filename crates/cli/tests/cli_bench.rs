@@ -166,6 +166,10 @@ fn list_names_every_target_workload_and_reproduction() {
         "fastfair-interleave",
         "nobtree",
         "nobtree-nomigrate",
+        "nbtree",
+        "nbtree-w",
+        "nbtree-wr",
+        "nbtree-coupled",
         "crossbeam-skiplist",
         "scc-treeindex",
         "rwlock-btreemap",
@@ -190,6 +194,7 @@ fn list_names_every_target_workload_and_reproduction() {
         "nstore-raf",
         "nstore-recovery",
         "nstore-gc",
+        "nbtree-factors",
     ] {
         assert!(repros.stdout.lines().any(|l| l.starts_with(name)), "{name}: {repros:?}");
     }

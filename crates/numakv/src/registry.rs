@@ -18,6 +18,7 @@ use std::str::FromStr;
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
 use numakv_nap::{Nap, NapOptions};
+use numakv_nbtree::{NbTree, NbTreeOptions, Variant as NbTreeVariant};
 use numakv_nobtree::{Nobtree, NobtreeOptions};
 use numakv_nstore::{CacheMode, NStore, NStoreOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
@@ -53,12 +54,20 @@ pub enum EngineKind {
     /// NStore (papers/nstore.txt): per-node per-hash-cluster PM logs (Nlog) with only local PM
     /// writes, a volatile ordered index, the NUMA-aware RAF cache, GC and parallel recovery.
     NStore,
+    /// NBTree (papers/nbtree.txt): lock-free B+-tree for persistent-cache (eADR) PM with DRAM
+    /// leaf metadata over PM key-value blocks, three-phase SMO, Calloc.
+    NbTree,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
-    pub const ALL: &'static [EngineKind] =
-        &[EngineKind::FastFair, EngineKind::NapFastFair, EngineKind::Nobtree, EngineKind::NStore];
+    pub const ALL: &'static [EngineKind] = &[
+        EngineKind::FastFair,
+        EngineKind::NapFastFair,
+        EngineKind::Nobtree,
+        EngineKind::NStore,
+        EngineKind::NbTree,
+    ];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -73,6 +82,7 @@ impl EngineKind {
             EngineKind::NapFastFair => f.run::<Nap<FastFair>>(),
             EngineKind::Nobtree => f.run::<Nobtree>(),
             EngineKind::NStore => f.run::<NStore>(),
+            EngineKind::NbTree => f.run::<NbTree>(),
         }
     }
 
@@ -195,6 +205,8 @@ pub enum EngineOptions {
     Nobtree(NobtreeOptions),
     /// Options of [`EngineKind::NStore`].
     NStore(NStoreOptions),
+    /// Options of [`EngineKind::NbTree`].
+    NbTree(NbTreeOptions),
 }
 
 impl EngineOptions {
@@ -205,6 +217,7 @@ impl EngineOptions {
             EngineOptions::NapFastFair(_) => EngineKind::NapFastFair,
             EngineOptions::Nobtree(_) => EngineKind::Nobtree,
             EngineOptions::NStore(_) => EngineKind::NStore,
+            EngineOptions::NbTree(_) => EngineKind::NbTree,
         }
     }
 
@@ -640,6 +653,74 @@ impl EngineConfig for NStoreOptions {
         // files awaiting GC (files are sparse: untouched pages cost nothing).
         let file = self.log_file_size.div_ceil(page_size).max(1) * page_size;
         2 * u64::from(self.clusters) * file
+    }
+}
+
+impl EngineConfig for NbTreeOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey {
+            key: "leaf_slots",
+            help: "key-value entries per leaf, 2..=31 (31 = 512-byte PM blocks, the prototype's)",
+        },
+        OptionKey {
+            key: "variant",
+            help: "leaf concurrency: lock-free (NBTree) | w (NBTree-W: leaf write locks) | \
+                   wr (NBTree-WR: leaf locks for reads and writes)",
+        },
+        OptionKey {
+            key: "coupled",
+            help: "true: coupled leaves (metadata also in a PM line per leaf, Fig. 13); \
+                   false: decoupled (the paper's design)",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::NbTree(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::NbTree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::NbTree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "leaf_slots" => {
+                self.leaf_slots = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("leaf_slots: {value:?} is not a number"))?;
+            }
+            "variant" => {
+                self.variant =
+                    value.parse::<NbTreeVariant>().map_err(|e| format!("variant: {e}"))?;
+            }
+            "coupled" => {
+                self.coupled = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("coupled: {value:?} is not true or false"))?;
+            }
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("leaf_slots", self.leaf_slots.to_string()),
+            ("variant", self.variant.name().to_string()),
+            ("coupled", self.coupled.to_string()),
+        ]
     }
 }
 

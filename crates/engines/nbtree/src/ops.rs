@@ -1,0 +1,479 @@
+//! Point operations (papers/nbtree.txt §V, Algorithms 1, 3, 4, 5): log-structured insert,
+//! in-place update and delete with sync-on-write, search with sync-on-read.
+
+use std::sync::atomic::Ordering;
+
+use numakv_index::Result;
+use numakv_pmem::alloc::epoch::Guard;
+
+use crate::layout::fingerprint;
+use crate::leaf::{InsertOutcome, LeafMeta, COMMIT_MASK, FLAG_SYNC, SMO_BIT, TAG_COPY, TAG_SYNC};
+use crate::{NbTree, Variant};
+
+impl NbTree {
+    /// Algorithm 5: search.
+    pub(crate) fn lookup(&self, key: u64, g: &Guard) -> Result<Option<u64>> {
+        let mut leaf = self.find_leaf(key, g);
+        loop {
+            let _r = (self.variant == Variant::WR).then(|| leaf.lock.read());
+            let blk = self.blk(leaf.data);
+            let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
+            if !leaf.in_smo() {
+                return Ok(val);
+            }
+            let nl = leaf.copy_ptr();
+            if nl.is_null() {
+                return Ok(val); // copy phase: the old leaf is latest and clean
+            }
+            let nl = self.meta(nl, g);
+            let tgt = self.copy_target(nl, key, g);
+            if leaf.flags() & FLAG_SYNC != 0 {
+                // Link phase or later: the new leaf is latest and clean; it may be in an SMO of
+                // its own, so search it the same way.
+                drop(_r);
+                leaf = self.settle(tgt, key, g);
+                continue;
+            }
+            // Sync phase: sync-on-read. Read the old leaf again now that the copy is known:
+            // `val` may predate the SMO (even the key's insert), and applying it to the copy
+            // would delete a live key or store a stale value.
+            let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
+            let tb = self.blk(tgt.data);
+            let Some(j) = tgt.find(&tb, key) else { return Ok(None) };
+            match val {
+                None => {
+                    if (j as u32) < tgt.copied {
+                        // A deletion not yet synchronised: apply it to the new leaf.
+                        // ORDERING: Release CAS, as every key removal.
+                        let _ = tb.entry(j).key.compare_exchange(
+                            key,
+                            0,
+                            Ordering::Release,
+                            Ordering::Relaxed,
+                        );
+                        // PERSIST: the synchronised deletion is durable before we report it.
+                        self.pool.persist_obj(tb.entry(j));
+                    }
+                    return Ok(None);
+                }
+                Some(v) => {
+                    // ORDERING: Acquire; pairs with Release value stores.
+                    if tb.entry(j).val.load(Ordering::Acquire) != v {
+                        tgt.tagged_store(
+                            j,
+                            |t| t == TAG_COPY,
+                            TAG_SYNC,
+                            || {
+                                // ORDERING: Release; pairs with readers' Acquire.
+                                tb.entry(j).val.store(v, Ordering::Release);
+                            },
+                        );
+                        // PERSIST: the value we return is durable in the new leaf.
+                        self.pool.persist_obj(tb.entry(j));
+                        self.counters.sync_on_read.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(LeafMeta::read_slot(&tb, j, key));
+                }
+            }
+        }
+    }
+
+    /// Algorithm 1 (insert), and upsert (insert, or update when present).
+    pub(crate) fn insert_or_upsert(
+        &self,
+        key: u64,
+        value: u64,
+        upsert: bool,
+        g: &Guard,
+    ) -> Result<bool> {
+        loop {
+            let leaf = self.find_leaf(key, g);
+            if leaf.in_smo() {
+                // Cooperative SMO: help it, then retry from the root.
+                self.smo(leaf, g)?;
+                continue;
+            }
+            let _w = self.variant.locks_writes().then(|| leaf.lock.write());
+            if self.variant.locks_writes() && leaf.in_smo() {
+                continue;
+            }
+            let blk = self.blk(leaf.data);
+            if let Some(i) = leaf.find(&blk, key) {
+                if upsert {
+                    self.write_existing(leaf, i, key, value, g);
+                }
+                return Ok(false);
+            }
+            match self.leaf_insert(leaf, key, value)? {
+                InsertOutcome::Inserted => return Ok(true),
+                InsertOutcome::Present(i) => {
+                    if upsert {
+                        self.write_existing(leaf, i, key, value, g);
+                    }
+                    return Ok(false);
+                }
+                InsertOutcome::Smo => {
+                    drop(_w);
+                    self.smo(leaf, g)?;
+                }
+            }
+        }
+    }
+
+    /// The leaf part of Algorithm 1.
+    fn leaf_insert(&self, leaf: &LeafMeta, key: u64, value: u64) -> Result<InsertOutcome> {
+        // ORDERING: Relaxed; `num` only hands out distinct slots, the commit CAS publishes.
+        let pos = leaf.num.fetch_add(1, Ordering::Relaxed) as usize;
+        if pos >= self.slots {
+            // ORDERING: SeqCst; Dekker pair with the link phase of the successor (it CASes our
+            // `next`, then reads this bit; our copy reads `next` after setting it).
+            leaf.bitmap.fetch_or(SMO_BIT, Ordering::SeqCst);
+            return Ok(InsertOutcome::Smo);
+        }
+        let blk = self.blk(leaf.data);
+        let e = blk.entry(pos);
+        // The slot's key is still 0: the value alone is no entry, in DRAM or after a crash.
+        // ORDERING: Relaxed; published by the commit CAS (AcqRel) and the key store (Release).
+        e.val.store(value, Ordering::Relaxed);
+        let fp = fingerprint(key);
+        leaf.fps[pos].store(fp, Ordering::Relaxed);
+        if self.shape.coupled {
+            // Coupled leaf: the metadata changes are PM writes (same line: num and fps).
+            // ORDERING: Relaxed; published by the Release fetch_or of the bitmap mirror.
+            blk.pm_num().fetch_add(1, Ordering::Relaxed);
+            blk.pm_fp(pos).store(fp, Ordering::Relaxed);
+        }
+        let mine = 1u64 << pos;
+        let mut checked = 0u64;
+        loop {
+            // ORDERING: Acquire; pairs with other inserts' commit CAS and pending release.
+            let b = leaf.bitmap.load(Ordering::Acquire);
+            if b & SMO_BIT != 0 {
+                return Ok(InsertOutcome::Smo); // the slot stays uncommitted: never an entry
+            }
+            let mut fresh = b & COMMIT_MASK & !checked;
+            let mut wait = false;
+            while fresh != 0 {
+                let i = fresh.trailing_zeros() as usize;
+                fresh &= fresh - 1;
+                if leaf.fps[i].load(Ordering::Relaxed) != fp {
+                    checked |= 1 << i;
+                    continue;
+                }
+                if b & Self::pending_bit(i) != 0 {
+                    wait = true; // its key is being written: look again
+                    continue;
+                }
+                // ORDERING: Acquire; pairs with the Release key store.
+                if blk.entry(i).key.load(Ordering::Acquire) == key {
+                    return Ok(InsertOutcome::Present(i));
+                }
+                checked |= 1 << i;
+            }
+            if wait {
+                std::hint::spin_loop();
+                continue;
+            }
+            // ORDERING: AcqRel; Release publishes fingerprint and value of the slot.
+            if leaf
+                .bitmap
+                .compare_exchange(
+                    b,
+                    b | mine | Self::pending_bit(pos),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+            {
+                break;
+            }
+        }
+        if self.shape.coupled {
+            // ORDERING: Release; pairs with the Acquire in find_coupled (fingerprint visible).
+            blk.pm_bitmap().fetch_or(mine, Ordering::Release);
+            // PERSIST: the metadata line, with the entry below (ADR).
+            self.pool.flush(blk.addr(), 64);
+        }
+        // ORDERING: Release; pairs with readers' Acquire key loads (the value is visible).
+        e.key.store(key, Ordering::Release);
+        // PERSIST: the entry line (value and key) is durable before the insert returns; one
+        // flush per insert in ADR.
+        self.pool.persist_obj(e);
+        // ORDERING: Release; pairs with the Acquire of wait_pending and inserts' checks.
+        leaf.bitmap.fetch_and(!Self::pending_bit(pos), Ordering::Release);
+        Ok(InsertOutcome::Inserted)
+    }
+
+    /// Algorithm 3 (update): returns false when the key is absent.
+    pub(crate) fn update_key(&self, key: u64, value: u64, g: &Guard) -> Result<bool> {
+        let leaf = self.find_leaf(key, g);
+        self.update_from(leaf, key, value, g)
+    }
+
+    /// [`NbTree::update_key`] from `leaf`, the leaf the descent found (possibly long ago).
+    pub(crate) fn update_from<'g>(
+        &self,
+        mut leaf: &'g LeafMeta,
+        key: u64,
+        value: u64,
+        g: &'g Guard,
+    ) -> Result<bool> {
+        loop {
+            let _w = self.variant.locks_writes().then(|| leaf.lock.write());
+            if self.variant.locks_writes() && leaf.in_smo() {
+                drop(_w);
+                self.smo(leaf, g)?;
+                leaf = self.find_leaf(key, g);
+                continue;
+            }
+            let blk = self.blk(leaf.data);
+            let Some(i) = leaf.find(&blk, key) else { return Ok(false) };
+            self.write_existing(leaf, i, key, value, g);
+            return Ok(true);
+        }
+    }
+
+    /// In-place update of slot `i` of `leaf`, then sync-on-write along the chain of SMO copies.
+    /// Updates always write the leaf they found first (the paper's rule: before the SMO's PM
+    /// link only the old leaf survives a crash), sealed or not.
+    fn write_existing<'g>(&self, leaf: &'g LeafMeta, i: usize, key: u64, value: u64, g: &'g Guard) {
+        let blk = self.blk(leaf.data);
+        leaf.direct_store(&blk, i, value);
+        // PERSIST: one flush per update (ADR).
+        self.pool.persist_obj(blk.entry(i));
+        self.sync_on_write(leaf, i, key, g);
+    }
+
+    /// Sync-on-write: while the leaf written has an SMO copy, bring the copy's entry up to date
+    /// unless a direct write there is newer (tag state 0), following the copies' own SMOs.
+    fn sync_on_write<'g>(&self, mut src: &'g LeafMeta, mut i: usize, key: u64, g: &'g Guard) {
+        loop {
+            if !src.in_smo() {
+                return;
+            }
+            let nl = src.copy_ptr();
+            if nl.is_null() {
+                return; // copy phase: the sync phase will pick our write up
+            }
+            let tgt = self.copy_target(self.meta(nl, g), key, g);
+            let tb = self.blk(tgt.data);
+            let Some(j) = tgt.find(&tb, key) else { return };
+            let sb = self.blk(src.data);
+            let synced = tgt.tagged_store(
+                j,
+                |t| t & (TAG_COPY | TAG_SYNC) != 0,
+                TAG_SYNC,
+                || {
+                    if let Some(cur) = LeafMeta::read_slot(&sb, i, key) {
+                        // ORDERING: Release; pairs with readers' Acquire.
+                        tb.entry(j).val.store(cur, Ordering::Release);
+                    }
+                },
+            );
+            if !synced {
+                return;
+            }
+            // PERSIST: the synchronised value is durable in the new leaf before we return.
+            self.pool.persist_obj(tb.entry(j));
+            self.counters.sync_on_write.fetch_add(1, Ordering::Relaxed);
+            src = tgt;
+            i = j;
+        }
+    }
+
+    /// Algorithm 4 (delete).
+    pub(crate) fn delete_key(&self, key: u64, g: &Guard) -> Result<bool> {
+        let leaf = self.find_leaf(key, g);
+        self.delete_from(leaf, key, g)
+    }
+
+    /// [`NbTree::delete_key`] from `leaf`, the leaf the descent found (possibly long ago).
+    pub(crate) fn delete_from<'g>(
+        &self,
+        mut leaf: &'g LeafMeta,
+        key: u64,
+        g: &'g Guard,
+    ) -> Result<bool> {
+        loop {
+            let _w = self.variant.locks_writes().then(|| leaf.lock.write());
+            if self.variant.locks_writes() && leaf.in_smo() {
+                drop(_w);
+                self.smo(leaf, g)?;
+                leaf = self.find_leaf(key, g);
+                continue;
+            }
+            let blk = self.blk(leaf.data);
+            let Some(i) = leaf.find(&blk, key) else { return Ok(false) };
+            let e = blk.entry(i);
+            // The key CAS commits only while the slot is unsealed (see leaf.rs, SEAL): a sealed
+            // old leaf is frozen for deletes, and the copy — which may already have lost the key
+            // to a delete run there — decides.
+            // ORDERING: Release CAS: exactly one of two racing deletes succeeds.
+            let cas = || e.key.compare_exchange(key, 0, Ordering::Release, Ordering::Relaxed);
+            match leaf.unsealed(i, cas) {
+                None => {
+                    let tgt = self.copy_target(self.meta(leaf.copy_ptr(), g), key, g);
+                    let deleted = self.delete_from(tgt, key, g)?;
+                    if deleted {
+                        // Mirror into the old leaf, after the copy decided: until the SMO's PM
+                        // link (its durability point) only the old block survives a crash, and
+                        // an acknowledged delete must. Readers and syncers of the old leaf then
+                        // see the key gone, which the copy already shows.
+                        // ORDERING: Release CAS, as every key removal.
+                        let _ =
+                            e.key.compare_exchange(key, 0, Ordering::Release, Ordering::Relaxed);
+                        // PERSIST: the mirrored deletion, before we return.
+                        self.pool.persist_obj(e);
+                    }
+                    return Ok(deleted);
+                }
+                Some(Err(_)) => return Ok(false),
+                Some(Ok(_)) => {}
+            }
+            // PERSIST: one flush per delete (ADR).
+            self.pool.persist_obj(e);
+            self.sync_delete(leaf, i, key, g);
+            return Ok(true);
+        }
+    }
+    /// Sync-on-write of a delete that zeroed slot `i` of `leaf`: along the chain of SMO copies.
+    pub(crate) fn sync_delete<'g>(&self, leaf: &'g LeafMeta, i: usize, key: u64, g: &'g Guard) {
+        // Sync the deletion along the copies: the copy of the instance deleted (slot `si`
+        // of `src`), not a later instance of the key — one inserted into the old leaf after
+        // our CAS and copied, or into the copy after the SMO — which belongs to others.
+        let (mut src, mut si) = (leaf, i);
+        loop {
+            if !src.in_smo() {
+                break;
+            }
+            let nl = src.copy_ptr();
+            if nl.is_null() {
+                break;
+            }
+            let tgt = self.copy_target(self.meta(nl, g), key, g);
+            let tb = self.blk(tgt.data);
+            let Some(j) = tgt.find(&tb, key) else { break };
+            if j as u32 >= tgt.copied || tgt.src[j] as usize != si {
+                break; // not our instance: the copy phase did not take it (we were first)
+            }
+            // ORDERING: Release CAS, as above.
+            let _ = tb.entry(j).key.compare_exchange(key, 0, Ordering::Release, Ordering::Relaxed);
+            // PERSIST: the synchronised deletion is durable before we return.
+            self.pool.persist_obj(tb.entry(j));
+            (src, si) = (tgt, j);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Stale writers: an operation that found its leaf before the leaf's SMO and acts on it
+    //! after the SMO (here: after the whole SMO, and after a delete on the copy). Forced
+    //! deterministically by holding the leaf the descent returned across the SMO, which is
+    //! what a preempted thread does.
+
+    use numakv_index::{Engine, Index};
+    use numakv_pmem::alloc::epoch;
+    use numakv_pmem::{Pool, PoolConfig};
+
+    use crate::leaf::{FLAG_LINK, FLAG_SYNC};
+    use crate::{NbTree, NbTreeOptions};
+
+    fn tree(coupled: bool) -> NbTree {
+        let pool = Pool::volatile(PoolConfig::new(NbTree::engine_id(), 64 << 20)).unwrap();
+        let opts = NbTreeOptions { leaf_slots: 3, coupled, ..Default::default() };
+        NbTree::create(pool, &opts).unwrap()
+    }
+
+    /// Fills the first leaf (3 slots), returns it as a stale descent would hold it, and then
+    /// splits it with a fourth insert (which helps the SMO through its link phase).
+    fn stale_leaf<'g>(t: &NbTree, g: &'g epoch::Guard) -> &'g crate::leaf::LeafMeta {
+        for k in 1..=3 {
+            assert!(t.insert(k, k * 10).unwrap());
+        }
+        let leaf = t.find_leaf(2, g);
+        assert!(t.insert(4, 40).unwrap());
+        assert_eq!(leaf.flags() & (FLAG_SYNC | FLAG_LINK), FLAG_SYNC | FLAG_LINK);
+        leaf
+    }
+
+    /// remove(k) → true on the copy, then a delete that found `k` in the old leaf before the
+    /// SMO commits: it must not succeed a second time (before the fix its key CAS on the
+    /// retired leaf, which still holds `k`, returned true).
+    #[test]
+    fn stale_delete_after_smo_does_not_remove_twice() {
+        for coupled in [false, true] {
+            let t = tree(coupled);
+            let g = epoch::pin();
+            let old = stale_leaf(&t, &g);
+            assert!(t.remove(2).unwrap());
+            assert!(!t.delete_from(old, 2, &g).unwrap(), "coupled={coupled}");
+            assert_eq!(t.get(2).unwrap(), None);
+            // Reinserted (the copy holding 2 is full: a second SMO moves it on). The stale
+            // delete meets the copy that lost 2 — sealed by its own SMO — and reports absent
+            // (linearized before the reinsert, inside its interval); the new instance stays.
+            assert!(t.insert(2, 99).unwrap());
+            assert!(!t.delete_from(old, 2, &g).unwrap());
+            assert_eq!(t.get(2).unwrap(), Some(99));
+            assert!(t.remove(2).unwrap());
+            assert!(!t.remove(2).unwrap());
+            for k in [1, 3, 4] {
+                assert_eq!(t.get(k).unwrap(), Some(k * 10));
+            }
+            drop(g);
+            t.check().unwrap();
+        }
+    }
+
+    /// A delete in the old leaf before its SMO's sync pass (copy published, not synced) is
+    /// carried to the copy, and the key never comes back.
+    #[test]
+    fn delete_between_copy_and_sync_is_carried_over() {
+        let t = tree(false);
+        let g = epoch::pin();
+        for k in 1..=3 {
+            assert!(t.insert(k, k * 10).unwrap());
+        }
+        let leaf = t.find_leaf(2, &g);
+        // Force the copy phase only, as a helper preempted after it would leave it.
+        leaf.bitmap.fetch_or(crate::leaf::SMO_BIT, std::sync::atomic::Ordering::SeqCst);
+        t.copy_phase(leaf, &g).unwrap();
+        assert!(!leaf.copy_ptr().is_null());
+        assert_eq!(leaf.flags() & FLAG_SYNC, 0);
+        assert!(t.delete_from(leaf, 2, &g).unwrap());
+        assert_eq!(t.get(2).unwrap(), None);
+        t.smo(leaf, &g).unwrap();
+        assert_eq!(t.get(2).unwrap(), None);
+        assert!(!t.remove(2).unwrap());
+        assert!(!t.delete_from(leaf, 2, &g).unwrap());
+        drop(g);
+        t.check().unwrap();
+    }
+
+    /// A delete whose sync-on-write runs late: between its key CAS (slot 1 of the first leaf)
+    /// and the walk along the copies, the key is inserted again (slot 2 of the same leaf) and
+    /// the leaf splits, copying the new instance. The walk must leave that instance alone
+    /// (before the fix it zeroed it: a key lost with no remove).
+    #[test]
+    fn late_delete_sync_spares_a_reinserted_key() {
+        for coupled in [false, true] {
+            let t = tree(coupled);
+            let g = epoch::pin();
+            assert!(t.insert(1, 10).unwrap());
+            assert!(t.insert(2, 20).unwrap());
+            let leaf = t.find_leaf(2, &g);
+            let blk = t.blk(leaf.data);
+            let old_slot = leaf.find(&blk, 2).unwrap();
+            assert!(t.remove(2).unwrap());
+            assert!(t.insert(2, 21).unwrap());
+            assert_ne!(leaf.find(&blk, 2), Some(old_slot));
+            assert!(t.insert(3, 30).unwrap());
+            assert!(t.insert(4, 40).unwrap()); // the leaf is full: SMO, copy holds 2 → 21
+            assert_ne!(leaf.flags() & FLAG_LINK, 0);
+            t.sync_delete(leaf, old_slot, 2, &g); // the first remove's walk, late
+            assert_eq!(t.get(2).unwrap(), Some(21), "coupled={coupled}");
+            drop(g);
+            t.check().unwrap();
+        }
+    }
+}

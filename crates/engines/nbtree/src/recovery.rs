@@ -1,0 +1,308 @@
+//! Open with recovery, and `check()`.
+//!
+//! The PM key-value layer is the whole persistent state (papers/nbtree.txt §III-B, "Crash
+//! Consistency"). Open walks the block list from the head root slot, validating every block
+//! (in the heap, aligned, no cycle, `low` strictly ascending, every key inside its leaf's range),
+//! replays Calloc's recyclable logs with that reachability (blocks of an SMO cut by the crash:
+//! new blocks before the link, or the old block after it, are freed), then rebuilds the DRAM
+//! metadata layer (fingerprints, `num` = last live slot + 1, commit bits for `0..num`) and the
+//! inner nodes bottom-up. Slots with key 0 are empty or deleted — an insert cut before its key
+//! store left at most a value there, which is no entry.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use numakv_index::{CheckReport, Error, RecoveryReport, Result};
+use numakv_pmem::alloc::calloc::Calloc;
+use numakv_pmem::{PPtr, Pool};
+
+use crate::inner::{leaf_word, Inner, INNER_CAP};
+use crate::layout::{self, fingerprint, Block, Shape, ENGINE, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
+use crate::leaf::{LeafMeta, COMMIT_MASK};
+use crate::{NbTree, NbTreeOptions};
+
+/// Children per rebuilt inner node (room left for later separators).
+const FILL: usize = INNER_CAP * 3 / 4;
+
+/// The validated block list: `(block, low)` in key order. The strictly ascending `low` keys
+/// also rule out cycles (a block reached twice would repeat its `low`).
+fn walk(pool: &Pool, shape: Shape, head: PPtr) -> Result<Vec<(PPtr, u64)>> {
+    Ok(scan(pool, shape, head)?.0.into_iter().map(|l| (l.block, l.low)).collect())
+}
+
+/// What the recovery scan keeps of one block (no per-leaf allocation: the metadata is built
+/// from this once the allocator has been opened).
+struct Scanned {
+    block: PPtr,
+    low: u64,
+    /// Last live slot + 1.
+    num: u8,
+    fps: [u8; layout::MAX_SLOTS],
+}
+
+/// One pass over the key-value layer: every block validated (bounds, alignment, ascending
+/// `low` — which also rules out cycles —, keys inside `[low, next.low)`, no key twice in a
+/// block), fingerprints and `num` computed. Returns the leaves and the entry count.
+fn scan(pool: &Pool, shape: Shape, head: PPtr) -> Result<(Vec<Scanned>, u64)> {
+    let mut out: Vec<Scanned> = Vec::new();
+    let mut entries = 0u64;
+    // Keys of the previous block, checked against its high key (this block's low).
+    let mut prev = [0u64; layout::MAX_SLOTS];
+    let mut nprev = 0;
+    let mut p = head;
+    let check_prev = |prev: &[u64], high: u64, block: PPtr| match prev.iter().find(|&&k| k >= high)
+    {
+        Some(k) => Err(Error::corrupted(
+            ENGINE,
+            format!("block {block}: key {k} at or above the next block's low key {high}"),
+        )),
+        None => Ok(()),
+    };
+    while !p.is_null() {
+        let b = Block::checked(pool, p, shape)?;
+        let low = b.head.low.load_unaccounted(Ordering::Acquire);
+        match out.last() {
+            None if low != 0 => {
+                return Err(Error::corrupted(ENGINE, format!("first block {p} has low key {low}")))
+            }
+            Some(last) if low <= last.low => {
+                return Err(Error::corrupted(
+                    ENGINE,
+                    format!("block {p}: low keys not ascending (or a cycle)"),
+                ))
+            }
+            Some(last) => check_prev(&prev[..nprev], low, last.block)?,
+            None => {}
+        }
+        let mut leaf = Scanned { block: p, low, num: 0, fps: [0; layout::MAX_SLOTS] };
+        nprev = 0;
+        for i in 0..shape.slots {
+            let k = b.entry(i).key.load_unaccounted(Ordering::Acquire);
+            if k == 0 {
+                continue;
+            }
+            if k < low {
+                return Err(Error::corrupted(
+                    ENGINE,
+                    format!("block {p}: key {k} below the leaf's low key {low}"),
+                ));
+            }
+            if prev[..nprev].contains(&k) {
+                return Err(Error::corrupted(ENGINE, format!("block {p}: key {k} twice")));
+            }
+            prev[nprev] = k;
+            nprev += 1;
+            leaf.fps[i] = fingerprint(k);
+            leaf.num = i as u8 + 1;
+            entries += 1;
+        }
+        out.push(leaf);
+        p = PPtr::from_raw(b.head.next.load_unaccounted(Ordering::Acquire));
+    }
+    if let Some(last) = out.last() {
+        check_prev(&prev[..nprev], u64::MAX, last.block)?;
+    } else {
+        return Err(Error::corrupted(ENGINE, "empty block list"));
+    }
+    Ok((out, entries))
+}
+
+/// [`numakv_index::Engine::open`] for NBTree.
+pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, RecoveryReport)> {
+    let t0 = Instant::now();
+    let meta = pool.root(SLOT_META)?.load(Ordering::Acquire);
+    let shape = layout::decode_meta(meta).ok_or_else(|| {
+        Error::corrupted(ENGINE, format!("format word {meta:#x} is not an nbtree format"))
+    })?;
+    let dir = PPtr::from_raw(pool.root(SLOT_CALLOC)?.load(Ordering::Acquire));
+    let head = PPtr::from_raw(pool.root(SLOT_HEAD)?.load(Ordering::Acquire));
+    let slots = shape.slots;
+    let (leaves, entries) = scan(&pool, shape, head)?;
+    let t_scan = t0.elapsed();
+    // Calloc asks only about logged blocks (a handful): a sorted vector is enough.
+    let mut reachable: Vec<u64> = leaves.iter().map(|l| l.block.raw()).collect();
+    reachable.sort_unstable();
+    let (calloc, crec) =
+        Calloc::open(Arc::clone(&pool), dir, |p| reachable.binary_search(&p.raw()).is_ok())?;
+    drop(reachable);
+    let t_calloc = t0.elapsed();
+    if calloc.block_size() != shape.block_size() {
+        return Err(Error::corrupted(ENGINE, "Calloc block size does not match the leaf size"));
+    }
+
+    // The metadata layer (DRAM only, except the coupled layout's PM metadata line).
+    let mut metas: Vec<*mut LeafMeta> = Vec::with_capacity(leaves.len());
+    for (idx, l) in leaves.iter().enumerate() {
+        let high = leaves.get(idx + 1).map_or(u64::MAX, |n| n.low);
+        let m = LeafMeta::new(slots, l.block, l.low, high);
+        let num = usize::from(l.num);
+        for i in 0..num {
+            // ORDERING: Relaxed; the tree is published to other threads only after open.
+            m.fps[i].store(l.fps[i], Ordering::Relaxed);
+        }
+        m.num.store(num as u32, Ordering::Relaxed);
+        m.bitmap.store(((1u64 << num) - 1) & COMMIT_MASK, Ordering::Relaxed);
+        if shape.coupled {
+            let b = Block::checked(&pool, l.block, shape)?;
+            // The PM metadata line is rewritten from the keys, like the DRAM one.
+            for i in 0..slots {
+                b.pm_fp(i).store(l.fps[i], Ordering::Relaxed);
+            }
+            b.pm_num().store(num as u64, Ordering::Relaxed);
+            b.pm_bitmap().store(((1u64 << num) - 1) & COMMIT_MASK, Ordering::Relaxed);
+            // PERSIST: the rebuilt metadata line (ADR); nothing depends on it before open ends.
+            pool.persist(b.addr(), 64);
+        }
+        metas.push(Box::into_raw(Box::new(m)));
+    }
+    for w in metas.windows(2) {
+        // SAFETY: fresh boxes owned by this function.
+        unsafe { (*w[0]).next.store(w[1], Ordering::Relaxed) };
+    }
+    let t_leaves = t0.elapsed();
+    let bounds: Vec<(PPtr, u64)> = leaves.iter().map(|l| (l.block, l.low)).collect();
+    let root = build_inner(&metas, &bounds);
+    let tree = NbTree::new_handle(pool, calloc, shape, opts, root, metas[0]);
+    let elapsed = t0.elapsed();
+    let us = |d: std::time::Duration| d.as_micros() as u64;
+    let report = RecoveryReport {
+        was_clean: tree.pool.was_clean(),
+        elapsed,
+        counters: vec![
+            ("leaves", metas.len() as u64),
+            ("entries", entries),
+            ("smo_blocks_reclaimed", crec.blocks_recovered),
+            ("log_slots_replayed", crec.log_slots_replayed),
+            ("scan_us", us(t_scan)),
+            ("calloc_us", us(t_calloc - t_scan)),
+            ("leaf_metadata_us", us(t_leaves - t_calloc)),
+            ("inner_nodes_us", us(elapsed - t_leaves)),
+        ],
+    };
+    Ok((tree, report))
+}
+
+/// Builds the inner levels over `leaves` (bounds from `blocks`) and returns the root.
+pub(crate) fn build_inner(leaves: &[*mut LeafMeta], blocks: &[(PPtr, u64)]) -> *mut Inner {
+    // (low, child) of the current level.
+    let mut level_items: Vec<(u64, usize)> =
+        leaves.iter().zip(blocks).map(|(&m, &(_, low))| (low, leaf_word(m))).collect();
+    let mut level = 1;
+    loop {
+        let groups: Vec<&[(u64, usize)]> = level_items.chunks(FILL).collect();
+        let mut nodes: Vec<*mut Inner> = Vec::with_capacity(groups.len());
+        for (gi, grp) in groups.iter().enumerate() {
+            let high = groups.get(gi + 1).map_or(u64::MAX, |n| n[0].0);
+            let n = Inner::new(level, grp[0].1, high);
+            for (i, &(k, c)) in grp[1..].iter().enumerate() {
+                // ORDERING: Relaxed; published with the tree.
+                n.keys[i].store(k, Ordering::Relaxed);
+                n.kids[i].store(c, Ordering::Relaxed);
+            }
+            n.count.store(grp.len() - 1, Ordering::Relaxed);
+            nodes.push(Box::into_raw(Box::new(n)));
+        }
+        for w in nodes.windows(2) {
+            // SAFETY: fresh boxes owned by this function.
+            unsafe { (*w[0]).sibling.store(w[1], Ordering::Relaxed) };
+        }
+        if nodes.len() == 1 {
+            return nodes[0];
+        }
+        level_items = groups.iter().zip(&nodes).map(|(g, &n)| (g[0].0, n as usize)).collect();
+        level += 1;
+    }
+}
+
+impl NbTree {
+    /// Structural check (quiescent tree): the DRAM leaf list mirrors the PM block list, every
+    /// leaf is settled (no SMO leftovers), keys lie in their leaf's range without duplicates and
+    /// with matching fingerprints, and the level-1 inner nodes list exactly the leaves, in order,
+    /// with separators equal to the leaves' low keys.
+    pub(crate) fn check_tree(&self) -> Result<CheckReport> {
+        let bad = |m: String| Err(Error::corrupted(ENGINE, m));
+        let g = numakv_pmem::alloc::epoch::pin();
+        let head = PPtr::from_raw(self.pool.root(SLOT_HEAD)?.load(Ordering::Acquire));
+        let blocks = walk(&self.pool, self.shape, head)?;
+        let mut leaves = Vec::new();
+        // ORDERING: Acquire; pairs with the SeqCst head CAS.
+        let mut p = self.head.load(Ordering::Acquire);
+        let mut entries = 0u64;
+        while !p.is_null() {
+            let m = self.meta(p, &g);
+            let i = leaves.len();
+            let Some(&(bp, low)) = blocks.get(i) else {
+                return bad(format!("DRAM leaf list longer than the PM list ({i}+)"));
+            };
+            if m.data != bp || m.low != low {
+                return bad(format!("leaf {i}: DRAM metadata does not mirror block {bp}"));
+            }
+            let high = blocks.get(i + 1).map_or(u64::MAX, |b| b.1);
+            if m.high != high {
+                return bad(format!("leaf {i}: high key {} but next low {high}", m.high));
+            }
+            if !m.copy_ptr().is_null() || m.flags() != 0 {
+                return bad(format!("leaf {i}: SMO leftovers on a quiescent tree"));
+            }
+            let blk = self.blk(m.data);
+            let mut keys = HashSet::new();
+            let committed = m.committed();
+            for s in 0..self.slots {
+                let k = blk.entry(s).key.load_unaccounted(Ordering::Acquire);
+                if k == 0 {
+                    continue;
+                }
+                if committed & (1 << s) == 0 {
+                    return bad(format!("leaf {i} slot {s}: key without commit bit"));
+                }
+                if k < m.low || k >= m.high || !keys.insert(k) {
+                    return bad(format!("leaf {i} slot {s}: key {k} out of range or duplicated"));
+                }
+                // ORDERING: Relaxed; quiescent.
+                if m.fps[s].load(Ordering::Relaxed) != fingerprint(k) {
+                    return bad(format!("leaf {i} slot {s}: fingerprint mismatch"));
+                }
+                entries += 1;
+            }
+            leaves.push(p as usize);
+            p = m.next_ptr();
+        }
+        if leaves.len() != blocks.len() {
+            return bad(format!("{} DRAM leaves but {} PM blocks", leaves.len(), blocks.len()));
+        }
+        // Level 1 of the inner nodes lists the leaves.
+        let mut n = self.root_node(&g);
+        while n.level > 1 {
+            n = self.inner_ref(n.leftmost.load(Ordering::Acquire));
+        }
+        let mut kids = Vec::new();
+        let mut node: *const Inner = n;
+        while !node.is_null() {
+            // SAFETY: inner nodes live as long as the tree.
+            let nr = unsafe { &*node };
+            for (sep, c) in nr.children() {
+                kids.push((sep, c));
+            }
+            node = nr.sibling.load(Ordering::Acquire);
+        }
+        if kids.len() != leaves.len() || kids.iter().zip(&leaves).any(|(a, b)| a.1 != *b) {
+            return bad("level-1 inner nodes do not list the leaves in order".into());
+        }
+        if kids.iter().zip(&blocks).skip(1).any(|(a, b)| a.0 != b.1 && a.0 != 0) {
+            return bad("a separator differs from its leaf's low key".into());
+        }
+        let allocated = self.calloc.allocated_blocks().len() as u64;
+        Ok(CheckReport {
+            entries,
+            reachable_blocks: blocks.len() as u64,
+            allocated_blocks: allocated,
+        })
+    }
+
+    fn inner_ref(&self, p: usize) -> &Inner {
+        // SAFETY: inner nodes live as long as the tree.
+        unsafe { &*(p as *const Inner) }
+    }
+}
