@@ -86,13 +86,36 @@ struct Variant {
     description: &'static str,
 }
 
-const VARIANTS: &[Variant] = &[Variant {
-    name: "fastfair-interleave",
-    kind: EngineKind::FastFair,
-    settings: &[("nsm_mode", "round-robin")],
-    description: "fastfair engine with NUMA-oblivious placement: nodes from every NUMA node in \
-                  turn (the original FAST&FAIR on interleaved PM)",
-}];
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "fastfair-interleave",
+        kind: EngineKind::FastFair,
+        settings: &[("nsm_mode", "round-robin")],
+        description: "fastfair engine with NUMA-oblivious placement: nodes from every NUMA node \
+                      in turn (the original FAST&FAIR on interleaved PM)",
+    },
+    Variant {
+        name: "f3tree-n",
+        kind: EngineKind::F3Tree,
+        settings: &[("evaluation", "batched:1024")],
+        description: "F3-tree(N): NUMA-aware, node-based batched evaluation (entries sorted by \
+                      key before they are checkpointed), papers/f3tree.txt Figs. 8-9",
+    },
+    Variant {
+        name: "f3tree-nonuma",
+        kind: EngineKind::F3Tree,
+        settings: &[("numa_aware", "false"), ("evaluation", "batched:1024")],
+        description: "F3-tree without NUMA awareness: PTFOs interleaved over the nodes, \
+                      evaluate threads serving any node's PTFOs (the paper's baseline for F3-tree(N))",
+    },
+    Variant {
+        name: "f3tree-nohash",
+        kind: EngineKind::F3Tree,
+        settings: &[("hash_lookups", "false")],
+        description: "F3-tree whose lookups search the PTFOs instead of the hash table \
+                      (Fig. 10 \"No Hash\"; read-only runs)",
+    },
+];
 
 /// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.
 pub fn all() -> Vec<Arc<dyn Target>> {

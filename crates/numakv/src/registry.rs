@@ -15,6 +15,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use std::time::Duration;
+
+use numakv_f3tree::{Evaluation, F3Tree, F3TreeOptions};
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
 use numakv_pmem::alloc::nsm::NsmMode;
@@ -41,11 +44,15 @@ pub enum EngineKind {
     /// FAST&FAIR (Hwang et al., FAST'18): PM-only B+-tree with failure-atomic shifts and
     /// in-place rebalancing, lock-free reads, B-link siblings. The baseline of every paper.
     FastFair,
+    /// F3-tree (papers/f3tree.txt): per-thread persistent future objects on the writer's node,
+    /// a DRAM hash table of pending keys, per-node evaluate threads checkpointing into a global
+    /// FAST&FAIR tree.
+    F3Tree,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
-    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair];
+    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair, EngineKind::F3Tree];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -57,6 +64,7 @@ impl EngineKind {
     pub(crate) fn with<F: WithEngine>(self, f: F) -> F::Output {
         match self {
             EngineKind::FastFair => f.run::<FastFair>(),
+            EngineKind::F3Tree => f.run::<F3Tree>(),
         }
     }
 
@@ -173,6 +181,8 @@ pub(crate) trait WithEngine {
 pub enum EngineOptions {
     /// Options of [`EngineKind::FastFair`].
     FastFair(FastFairOptions),
+    /// Options of [`EngineKind::F3Tree`].
+    F3Tree(F3TreeOptions),
 }
 
 impl EngineOptions {
@@ -180,6 +190,7 @@ impl EngineOptions {
     pub fn kind(&self) -> EngineKind {
         match self {
             EngineOptions::FastFair(_) => EngineKind::FastFair,
+            EngineOptions::F3Tree(_) => EngineKind::F3Tree,
         }
     }
 
@@ -270,7 +281,6 @@ impl EngineConfig for FastFairOptions {
         EngineOptions::FastFair(self)
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap(opts: &EngineOptions) -> Option<&Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -278,7 +288,6 @@ impl EngineConfig for FastFairOptions {
         }
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -304,6 +313,126 @@ impl EngineConfig for FastFairOptions {
 
     fn values(&self) -> Vec<(&'static str, String)> {
         vec![("node_size", self.node_size.to_string()), ("nsm_mode", self.nsm_mode.to_string())]
+    }
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" | "on" | "yes" | "1" => Ok(true),
+        "false" | "off" | "no" | "0" => Ok(false),
+        _ => Err(format!("{key}: {value:?} is not true/false")),
+    }
+}
+
+fn parse_num<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
+    value.parse::<T>().map_err(|_| format!("{key}: {value:?} is not a number"))
+}
+
+impl EngineConfig for F3TreeOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey {
+            key: "node_size",
+            help: "global FAST&FAIR tree node size in bytes, a multiple of 64 in 256..=4096",
+        },
+        OptionKey { key: "fo_entries", help: "key-value entries per future object, 1..=4094" },
+        OptionKey {
+            key: "fo_limit",
+            help: "FOs per thread before the writer waits for evaluation: N | unlimited (Fig. 6)",
+        },
+        OptionKey { key: "evaluators_per_node", help: "evaluate threads per NUMA node (2)" },
+        OptionKey {
+            key: "count_threshold",
+            help: "evaluate a thread's PTFO once it holds this many entries",
+        },
+        OptionKey {
+            key: "time_threshold_us",
+            help: "... or once it holds any and was last evaluated this many microseconds ago",
+        },
+        OptionKey {
+            key: "evaluation",
+            help: "key (F3-K, entry by entry) | batched[:N] (F3-N, N entries sorted by key)",
+        },
+        OptionKey {
+            key: "numa_aware",
+            help: "true: PTFOs on the writer's node, per-node evaluators; false: interleaved",
+        },
+        OptionKey {
+            key: "hash_lookups",
+            help: "true: lookups use the hash table; false: search PTFOs (Fig. 10 \"No Hash\")",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::F3Tree(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::F3Tree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::F3Tree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "node_size" => {
+                self.node_size = crate::size::parse_size(value)
+                    .ok()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| format!("node_size: {value:?} is not a size in bytes"))?;
+            }
+            "fo_entries" => self.fo_entries = parse_num(key, value)?,
+            "fo_limit" => {
+                self.fo_limit = match value {
+                    "unlimited" | "none" => None,
+                    v => Some(parse_num(key, v)?),
+                }
+            }
+            "evaluators_per_node" => self.evaluators_per_node = parse_num(key, value)?,
+            "count_threshold" => self.count_threshold = parse_num(key, value)?,
+            "time_threshold_us" => {
+                self.time_threshold = Duration::from_micros(parse_num(key, value)?);
+            }
+            "evaluation" => {
+                self.evaluation = match value.split_once(':') {
+                    None if value == "key" => Evaluation::KeyBased,
+                    None if value == "batched" => Evaluation::NodeBatched { batch: 1024 },
+                    Some(("batched", n)) => Evaluation::NodeBatched { batch: parse_num(key, n)? },
+                    _ => return Err(format!("evaluation: {value:?} is not key | batched[:N]")),
+                }
+            }
+            "numa_aware" => self.numa_aware = parse_bool(key, value)?,
+            "hash_lookups" => self.hash_lookups = parse_bool(key, value)?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("node_size", self.node_size.to_string()),
+            ("fo_entries", self.fo_entries.to_string()),
+            ("fo_limit", self.fo_limit.map_or("unlimited".to_string(), |n| n.to_string())),
+            ("evaluators_per_node", self.evaluators_per_node.to_string()),
+            ("count_threshold", self.count_threshold.to_string()),
+            ("time_threshold_us", self.time_threshold.as_micros().to_string()),
+            (
+                "evaluation",
+                match self.evaluation {
+                    Evaluation::KeyBased => "key".to_string(),
+                    Evaluation::NodeBatched { batch } => format!("batched:{batch}"),
+                },
+            ),
+            ("numa_aware", self.numa_aware.to_string()),
+            ("hash_lookups", self.hash_lookups.to_string()),
+        ]
     }
 }
 
@@ -346,7 +475,7 @@ mod tests {
         assert!(err.contains("node_size") && err.contains("nsm_mode"), "{err}");
         o.set("nsm_mode", "node:1").unwrap();
         o.set("node_size", "1K").unwrap();
-        let EngineOptions::FastFair(ff) = o;
+        let EngineOptions::FastFair(ff) = o else { unreachable!() };
         assert_eq!(ff.nsm_mode, NsmMode::Node(1));
         assert_eq!(ff.node_size, 1024);
     }
