@@ -34,6 +34,7 @@ pub mod plot;
 pub mod presets;
 pub mod report;
 pub mod repro;
+mod repro_f3tree;
 pub mod runner;
 pub mod target;
 pub mod workload;

@@ -47,6 +47,21 @@ pub const REPROS: &[ReproInfo] = &[
         source: "papers/nobtree.txt §V-F Table I; papers/nbtree.txt §VI-C Table IV",
     },
     ReproInfo {
+        name: "f3tree-numa",
+        title: "F3-tree(N) vs its non-NUMA variant: remote PM accesses and write throughput (W1)",
+        source: "papers/f3tree.txt §5.2.2 Figs. 8-9",
+    },
+    ReproInfo {
+        name: "f3tree-read",
+        title: "F3-tree reads with 20% of the keys still in PTFOs: hash table vs none vs FAST&FAIR",
+        source: "papers/f3tree.txt §5.3.2 Fig. 10",
+    },
+    ReproInfo {
+        name: "f3tree-folimit",
+        title: "F3-tree write throughput versus the FO limit (100 / 500 / 1000 / unlimited)",
+        source: "papers/f3tree.txt §5.2.1 Fig. 6",
+    },
+    ReproInfo {
         name: "recovery",
         title: "recovery time after a crash versus key count",
         source:
@@ -126,6 +141,9 @@ pub fn run(
         "pm-lines" => pm_lines(targets, opts, progress)?,
         "space" => space(targets, opts, progress)?,
         "recovery" => recovery(targets, opts, progress)?,
+        "f3tree-numa" => crate::repro_f3tree::numa(opts, progress)?,
+        "f3tree-read" => crate::repro_f3tree::read(opts)?,
+        "f3tree-folimit" => crate::repro_f3tree::fo_limit(opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,
@@ -142,11 +160,11 @@ pub fn run(
     Ok(ReproOutput { name, markdown, report, files })
 }
 
-fn scaled(base: u64, scale: f64, min: u64) -> u64 {
+pub(crate) fn scaled(base: u64, scale: f64, min: u64) -> u64 {
     ((base as f64 * scale) as u64).max(min)
 }
 
-fn base_config(opts: &ReproOptions) -> BenchConfig {
+pub(crate) fn base_config(opts: &ReproOptions) -> BenchConfig {
     BenchConfig {
         threads: vec![1],
         nodes: opts.nodes,
@@ -161,7 +179,7 @@ fn base_config(opts: &ReproOptions) -> BenchConfig {
     }
 }
 
-fn failures_md(report: &Report, md: &mut String) {
+pub(crate) fn failures_md(report: &Report, md: &mut String) {
     if report.failures.is_empty() {
         return;
     }
@@ -171,7 +189,7 @@ fn failures_md(report: &Report, md: &mut String) {
     }
 }
 
-fn header(md: &mut String, name: &str, opts: &ReproOptions, setup: &str) {
+pub(crate) fn header(md: &mut String, name: &str, opts: &ReproOptions, setup: &str) {
     let info = REPROS.iter().find(|r| r.name == name);
     let _ = writeln!(md, "# `numakv repro {name}`: {}\n", info.map_or("", |i| i.title));
     let _ = writeln!(md, "Reproduces {}.\n", info.map_or("", |i| i.source));

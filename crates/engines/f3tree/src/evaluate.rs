@@ -94,6 +94,10 @@ fn run(inner: &Inner, node: usize, j: usize) {
                 let _g = inner.gate.read();
                 drain(inner, l)
             };
+            // One accounted "operation" per evaluation: the evaluate threads' PM lines (FO
+            // reads, tree writes — local or remote to their node) show in the global access
+            // statistics, which is where papers/f3tree.txt Figs. 8-9 count them.
+            numakv_pmem::account::op_end();
             match r {
                 Ok((n, done)) => {
                     worked |= n > 0;
