@@ -39,7 +39,10 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
     let tree = inner.tree.check()?;
     let dir = layout::directory(pool, inner.dir)?;
     let lists = inner.lists.read();
-    let by_slot: HashMap<usize, _> = lists.iter().map(|l| (l.slot, l)).collect();
+    // A drained recovered list is retired (its slot freed, possibly reused) before evaluators
+    // drop it from the served lists: it is no longer part of the structure.
+    let lists: Vec<_> = lists.iter().filter(|l| !l.retired.load(Ordering::Relaxed)).collect();
+    let by_slot: HashMap<usize, _> = lists.iter().map(|l| (l.slot, *l)).collect();
     let mut seen = HashSet::new();
     let mut fos = 0u64;
     let mut live: HashMap<PPtr, (u64, u64)> = HashMap::new();

@@ -66,11 +66,13 @@ pub(crate) fn spawn(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
 
 /// Whether evaluator (`node`, `j`) serves `l`.
 fn serves(inner: &Inner, l: &List, node: usize, j: usize) -> bool {
-    let per = inner.opts.evaluators_per_node;
+    let per = inner.opts.evaluators_per_node as u64;
+    // ORDERING: Relaxed; set once before the list is published under the lists' lock.
+    let rank = l.rank.load(Ordering::Relaxed);
     if inner.opts.numa_aware {
-        l.node == node && l.slot % per == j
+        l.node == node && rank % per == j as u64
     } else {
-        l.slot % (per * inner.pool.nodes()) == node * per + j
+        rank % (per * inner.pool.nodes() as u64) == (node * per as usize + j) as u64
     }
 }
 
@@ -102,13 +104,18 @@ fn run(inner: &Inner, node: usize, j: usize) {
                 Ok((n, done)) => {
                     worked |= n > 0;
                     retired |= done;
+                    if n > 0 {
+                        *inner.eval_oos.lock() = None;
+                    }
                 }
                 Err(e) => {
                     if inner.pool.has_crashed() {
                         return;
                     }
                     inner.counters.eval_errors.fetch_add(1, Ordering::Relaxed);
-                    if !e.is_out_of_space() {
+                    if e.is_out_of_space() {
+                        *inner.eval_oos.lock() = Some(node);
+                    } else {
                         *inner.eval_error.lock() = Some(e.to_string());
                     }
                     std::thread::sleep(Duration::from_millis(1));
@@ -252,7 +259,12 @@ pub(crate) fn wait_idle(inner: &Inner, timeout: Duration, stall: Duration) -> bo
     let mut last = (usize::MAX, u64::MAX);
     let mut since = Instant::now();
     loop {
-        let recovering = inner.lists.read().iter().filter(|l| l.recovering).count();
+        let recovering = inner
+            .lists
+            .read()
+            .iter()
+            .filter(|l| l.recovering && !l.retired.load(Ordering::Relaxed))
+            .count();
         let pending = inner.table.len();
         if pending == 0 && recovering == 0 {
             return true;

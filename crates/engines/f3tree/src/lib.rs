@@ -199,6 +199,11 @@ pub(crate) struct Inner {
     pub counters: Counters,
     /// The last error an evaluator hit (reported by `check()` and `close()`).
     pub eval_error: Mutex<Option<String>>,
+    /// Set while an evaluator's last attempt failed for lack of space (the node it needed).
+    pub eval_oos: Mutex<Option<usize>>,
+    /// Lists created so far per node (NUMA-aware) or in all (non-NUMA): the rank that spreads
+    /// lists over evaluators.
+    pub ranks: Vec<AtomicU64>,
 }
 
 /// What a write does.
@@ -251,6 +256,7 @@ impl Inner {
             }
         };
         self.counters.fos_allocated.fetch_add(1, Ordering::Relaxed);
+        assign_rank(&self.opts, &self.ranks, &list);
         self.lists.write().push(Arc::clone(&list));
         let _ = cell.set(list);
         cell.get().ok_or_else(|| Error::corrupted(ENGINE, "list cell"))
@@ -276,6 +282,16 @@ impl Inner {
                 }
                 if self.stop.load(Ordering::Relaxed) || self.pool.has_crashed() {
                     return Err(Error::Unsupported("f3tree: engine stopped or crashed".into()));
+                }
+                // The evaluators cannot free FOs while the tree has no room: waiting would
+                // never end, so the write fails as an allocation would (nothing was changed).
+                if let Some(node) = *self.eval_oos.lock() {
+                    list.waiting.store(false, Ordering::Relaxed);
+                    return Err(numakv_pmem::PoolError::OutOfSpace {
+                        node,
+                        requested: layout::fo_bytes(list.cap) as u64,
+                    }
+                    .into());
                 }
                 std::thread::sleep(Duration::from_micros(20));
             }
@@ -496,7 +512,12 @@ pub(crate) fn new_inner(
     lists: Vec<Arc<List>>,
     used_slots: &[usize],
 ) -> Arc<Inner> {
-    let by_thread = (0..numa::MAX_THREADS * pool.nodes()).map(|_| OnceLock::new()).collect();
+    let nodes = pool.nodes();
+    let by_thread = (0..numa::MAX_THREADS * nodes).map(|_| OnceLock::new()).collect();
+    let ranks: Vec<AtomicU64> = (0..nodes).map(|_| AtomicU64::new(0)).collect();
+    for l in &lists {
+        assign_rank(opts, &ranks, l);
+    }
     let free_slots = (0..DIR_SLOTS).rev().filter(|s| !used_slots.contains(s)).collect();
     Arc::new(Inner {
         pool,
@@ -514,7 +535,17 @@ pub(crate) fn new_inner(
         rr: AtomicU64::new(0),
         counters: Counters::default(),
         eval_error: Mutex::new(None),
+        eval_oos: Mutex::new(None),
+        ranks,
     })
+}
+
+/// Gives `l` the next rank of its node (NUMA-aware) or of all lists (non-NUMA), so that
+/// consecutive lists go to different evaluators.
+pub(crate) fn assign_rank(opts: &F3TreeOptions, ranks: &[AtomicU64], l: &List) {
+    let counter = if opts.numa_aware { &ranks[l.node.min(ranks.len() - 1)] } else { &ranks[0] };
+    // ORDERING: Relaxed; a counter, read by nobody else.
+    l.rank.store(counter.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
 }
 
 impl Engine for F3Tree {

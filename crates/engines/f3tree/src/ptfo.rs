@@ -71,6 +71,8 @@ pub struct List {
     pub cursor: Mutex<Cursor>,
     /// A recovering list that was drained and freed.
     pub retired: AtomicBool,
+    /// Which evaluator serves the list: `rank % evaluators` (per node when NUMA-aware).
+    pub rank: AtomicU64,
 }
 
 impl List {
@@ -101,6 +103,7 @@ impl List {
             waiting: AtomicBool::new(false),
             cursor: Mutex::new(Cursor { fo: tail, idx: 0, last_eval: Instant::now() }),
             retired: AtomicBool::new(false),
+            rank: AtomicU64::new(0),
         }
     }
 
