@@ -211,13 +211,16 @@ fn read_phase(index: &dyn Index, keys: u64, reads: u64, nodes: usize) -> Result<
     Ok((reads as f64 / t0.elapsed().as_secs_f64() / 1e6, misses))
 }
 
+/// Engine options as (key, value) text.
+type Settings = &'static [(&'static str, &'static str)];
+
 pub(crate) fn read(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)> {
     let keys = scaled(50_000, opts.scale, 5_000);
     let in_tree = keys * 4 / 5;
     let reads = scaled(200_000, opts.scale, 20_000);
     let nodes = opts.nodes.max(2);
     let scratch = opts.scratch.clone().unwrap_or_else(crate::runner::default_scratch);
-    let variants: [(&str, EngineKind, &[(&str, &str)]); 4] = [
+    let variants: [(&str, EngineKind, Settings); 4] = [
         ("fastfair", EngineKind::FastFair, &[]),
         ("f3tree", EngineKind::F3Tree, &[]),
         ("f3tree-nohash", EngineKind::F3Tree, &[("hash_lookups", "false")]),
