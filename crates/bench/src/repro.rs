@@ -141,9 +141,9 @@ pub fn run(
         "pm-lines" => pm_lines(targets, opts, progress)?,
         "space" => space(targets, opts, progress)?,
         "recovery" => recovery(targets, opts, progress)?,
-        "f3tree-numa" => crate::repro_f3tree::numa(opts, progress)?,
-        "f3tree-read" => crate::repro_f3tree::read(opts)?,
-        "f3tree-folimit" => crate::repro_f3tree::fo_limit(opts, progress)?,
+        "f3tree-numa" => crate::repro_f3tree::numa(targets, opts, progress)?,
+        "f3tree-read" => crate::repro_f3tree::read(targets, opts, progress)?,
+        "f3tree-folimit" => crate::repro_f3tree::fo_limit(targets, opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

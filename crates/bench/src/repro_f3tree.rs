@@ -27,6 +27,24 @@ fn target(name: &str) -> Result<Arc<dyn Target>> {
         .ok_or_else(|| BenchError::Config(format!("no target {name}")))
 }
 
+/// Whether the caller asked for the F3-tree engines (the CLI's default `all` does).
+fn wants_f3(targets: &[Arc<dyn Target>]) -> bool {
+    targets.iter().any(|t| t.name().starts_with("f3tree"))
+}
+
+/// The given targets that are not part of an F3-tree figure's own set: run on the figure's
+/// workload as reference rows (DRAM peers, other engines).
+fn references(targets: &[Arc<dyn Target>], own: &[&str]) -> Vec<Arc<dyn Target>> {
+    targets
+        .iter()
+        .filter(|t| {
+            let n = t.name();
+            !n.starts_with("f3tree") && !own.contains(&n.as_str())
+        })
+        .cloned()
+        .collect()
+}
+
 fn w1_config(opts: &ReproOptions, ops: u64) -> BenchConfig {
     BenchConfig {
         threads: vec![THREADS],
@@ -52,6 +70,7 @@ struct Measured {
 // ---------------------------------------------------------------------------------------------
 
 pub(crate) fn numa(
+    targets: &[Arc<dyn Target>],
     opts: &ReproOptions,
     progress: Progress,
 ) -> Result<(String, Report, Vec<PathBuf>)> {
@@ -60,14 +79,22 @@ pub(crate) fn numa(
     let workload = crate::presets::by_name("f3tree-w1")?;
     let mut report = Report::default();
     let mut rows = Vec::new();
-    for name in ["f3tree-n", "f3tree-nonuma", "f3tree", "fastfair"] {
-        let t = target(name)?;
+    let own = ["f3tree-n", "f3tree-nonuma", "f3tree", "fastfair"];
+    let mut run_targets = Vec::new();
+    if wants_f3(targets) {
+        for name in own {
+            run_targets.push(target(name)?);
+        }
+    }
+    run_targets.extend(references(targets, &[]));
+    for t in run_targets {
+        let name = t.name();
         let before = account::global_stats();
         let r = run_workloads(&config, std::slice::from_ref(&workload), &[t], progress)?;
         let all = account::global_stats().since(&before);
         if let Some(run) = r.runs.first() {
             rows.push(Measured {
-                name: name.to_string(),
+                name: name.clone(),
                 mops: run.throughput_mops,
                 ops: run.ops,
                 worker_remote_per_op: run.remote_reads_per_op + run.remote_writes_per_op,
@@ -214,7 +241,11 @@ fn read_phase(index: &dyn Index, keys: u64, reads: u64, nodes: usize) -> Result<
 /// Engine options as (key, value) text.
 type Settings = &'static [(&'static str, &'static str)];
 
-pub(crate) fn read(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)> {
+pub(crate) fn read(
+    targets: &[Arc<dyn Target>],
+    opts: &ReproOptions,
+    progress: Progress,
+) -> Result<(String, Report, Vec<PathBuf>)> {
     let keys = scaled(50_000, opts.scale, 5_000);
     let in_tree = keys * 4 / 5;
     let reads = scaled(200_000, opts.scale, 20_000);
@@ -227,7 +258,8 @@ pub(crate) fn read(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)
         ("f3tree-n", EngineKind::F3Tree, &[("evaluation", "batched:1024")]),
     ];
     let mut rows = Vec::new();
-    for (name, kind, settings) in variants {
+    let own: &[(&str, EngineKind, Settings)] = if wants_f3(targets) { &variants } else { &[] };
+    for &(name, kind, settings) in own {
         let dir = tempfile::Builder::new()
             .prefix("numakv-repro-")
             .tempdir_in(&scratch)
@@ -281,6 +313,30 @@ pub(crate) fn read(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)
     for (name, mops, pending, misses) in &rows {
         let _ = writeln!(md, "| {name} | {mops:.3} | {pending} | {misses} |");
     }
+    // Reference rows: the other targets asked for, on W2 (read only) after a load of as many
+    // keys (no PTFOs there).
+    let refs = references(targets, &["fastfair"]);
+    let mut report = Report::default();
+    if !refs.is_empty() {
+        let config = BenchConfig {
+            threads: vec![THREADS],
+            nodes,
+            placement: Placement::Interleave,
+            keys: Some(keys),
+            ops: Some(reads),
+            ..base_config(opts)
+        };
+        let w2 = crate::presets::by_name("f3tree-w2")?;
+        let r = run_workloads(&config, std::slice::from_ref(&w2), &refs, progress)?;
+        for run in &r.runs {
+            let _ = writeln!(
+                md,
+                "| {} (W2 reference) | {:.3} | - | - |",
+                run.engine, run.throughput_mops
+            );
+        }
+        report = r;
+    }
     let m = |n: &str| rows.iter().find(|r| r.0 == n).map_or(0.0, |r| r.1);
     let _ = writeln!(
         md,
@@ -288,7 +344,8 @@ pub(crate) fn read(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)
         m("f3tree") / m("f3tree-nohash").max(1e-9),
         m("f3tree") / m("fastfair").max(1e-9)
     );
-    Ok((md, Report::default(), Vec::new()))
+    failures_md(&report, &mut md);
+    Ok((md, report, Vec::new()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,6 +357,7 @@ pub(crate) fn read(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)
 const SWEEP_FO_ENTRIES: &str = "16";
 
 pub(crate) fn fo_limit(
+    targets: &[Arc<dyn Target>],
     opts: &ReproOptions,
     progress: Progress,
 ) -> Result<(String, Report, Vec<PathBuf>)> {
@@ -308,19 +366,26 @@ pub(crate) fn fo_limit(
     let workload = crate::presets::by_name("f3tree-w1")?;
     let mut report = Report::default();
     let mut rows = Vec::new();
-    for limit in ["100", "500", "1000", "unlimited"] {
-        let name = format!("f3tree-folimit-{limit}");
-        let t: Arc<dyn Target> = Arc::new(EngineTarget::variant(
-            &name,
-            "F3-tree with an FO limit",
-            EngineKind::F3Tree,
-            &[("fo_limit", limit), ("fo_entries", SWEEP_FO_ENTRIES)],
-        )?);
+    let mut run_targets: Vec<(String, Arc<dyn Target>)> = Vec::new();
+    if wants_f3(targets) {
+        for limit in ["100", "500", "1000", "unlimited"] {
+            let name = format!("f3tree-folimit-{limit}");
+            let t: Arc<dyn Target> = Arc::new(EngineTarget::variant(
+                &name,
+                "F3-tree with an FO limit",
+                EngineKind::F3Tree,
+                &[("fo_limit", limit), ("fo_entries", SWEEP_FO_ENTRIES)],
+            )?);
+            run_targets.push((format!("f3tree, limit {limit}"), t));
+        }
+    }
+    run_targets.extend(references(targets, &[]).into_iter().map(|t| (t.name(), t)));
+    for (label, t) in run_targets {
         let t0 = Instant::now();
         let r = run_workloads(&config, std::slice::from_ref(&workload), &[t], progress)?;
         let wall = t0.elapsed();
         if let Some(run) = r.runs.first() {
-            rows.push((limit, run.throughput_mops, run.p99_ns, wall));
+            rows.push((label, run.throughput_mops, run.p99_ns, wall));
         }
         report.runs.extend(r.runs);
         report.failures.extend(r.failures);
@@ -342,7 +407,7 @@ pub(crate) fn fo_limit(
          how far producers may run ahead of the evaluate threads; once it is met the producer \
          waits, so small limits cost write throughput and \"unlimited\" is fastest.\n\n\
          ## Our measurement\n\n\
-         | FO limit | Mops/s | p99 | wall (incl. drain at close) |\n|---|---:|---:|---:|\n",
+         | target | Mops/s | p99 | wall (incl. drain at close) |\n|---|---:|---:|---:|\n",
     );
     for (limit, mops, p99, wall) in &rows {
         let _ = writeln!(
