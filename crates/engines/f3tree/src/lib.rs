@@ -54,6 +54,9 @@ use crate::layout::{Desc, Directory, DIR_BYTES, DIR_SLOTS, ENGINE, MAX_FO_ENTRIE
 use crate::pending::{Pending, PendingTable};
 use crate::ptfo::List;
 
+/// Free pages per node below which producers get `OutOfSpace` (room kept for the tree).
+pub const HEADROOM_PAGES: u64 = 4;
+
 /// How evaluate threads apply a list's entries to the tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Evaluation {
@@ -233,6 +236,7 @@ impl Inner {
             return Ok(l);
         }
         // Only the thread holding `tid` gets here for this cell: no race on creation.
+        self.headroom()?;
         let slot = self.free_slots.lock().pop().ok_or_else(|| {
             Error::Unsupported(format!("more than {DIR_SLOTS} PTFO lists at once"))
         })?;
@@ -260,6 +264,24 @@ impl Inner {
         self.lists.write().push(Arc::clone(&list));
         let _ = cell.set(list);
         cell.get().ok_or_else(|| Error::corrupted(ENGINE, "list cell"))
+    }
+
+    /// Fails with `OutOfSpace` when a node's page heap is down to [`HEADROOM_PAGES`] free
+    /// pages. Producers stop there so that the evaluate threads can still grow the tree for
+    /// the entries already accepted: FAST&FAIR running out of space in the middle of a split
+    /// leaves an orphan node that only its recovery relinks.
+    fn headroom(&self) -> Result<()> {
+        for node in 0..self.pool.nodes() {
+            let (used, total) = self.pool.heap_usage(node)?;
+            if total.saturating_sub(used) < HEADROOM_PAGES {
+                return Err(numakv_pmem::PoolError::OutOfSpace {
+                    node,
+                    requested: layout::fo_bytes(self.opts.fo_entries) as u64,
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Makes room for one entry in the producer's head FO: links a new FO when it is full,
@@ -297,6 +319,7 @@ impl Inner {
             }
             list.waiting.store(false, Ordering::Relaxed);
         }
+        self.headroom()?;
         ptfo::link_new_fo(&self.pool, &self.nsm, self.desc(list.slot)?, list)?;
         self.counters.fos_allocated.fetch_add(1, Ordering::Relaxed);
         Ok(0)
