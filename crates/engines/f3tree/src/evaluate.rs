@@ -106,6 +106,10 @@ fn run(inner: &Inner, node: usize, j: usize) {
                     retired |= done;
                     if n > 0 {
                         *inner.eval_oos.lock() = None;
+                        // Tree nodes this evaluation retired (merges) sit in this thread's
+                        // epoch bag: hand them over now, before the next gate, which `check()`
+                        // may hold while it waits for their grace period to end.
+                        epoch::pin().flush();
                     }
                 }
                 Err(e) => {
