@@ -136,6 +136,27 @@ const VARIANTS: &[Variant] = &[
         description: "NBTree with coupled leaves (papers/nbtree.txt Fig. 13): leaf metadata \
                       kept in PM with the key-value entries",
     },
+    Variant {
+        name: "f3tree-n",
+        kind: EngineKind::F3Tree,
+        settings: &[("evaluation", "batched:1024")],
+        description: "F3-tree(N): NUMA-aware, node-based batched evaluation (entries sorted by \
+                      key before they are checkpointed), papers/f3tree.txt Figs. 8-9",
+    },
+    Variant {
+        name: "f3tree-nonuma",
+        kind: EngineKind::F3Tree,
+        settings: &[("numa_aware", "false"), ("evaluation", "batched:1024")],
+        description: "F3-tree without NUMA awareness: PTFOs interleaved over the nodes, \
+                      evaluate threads serving any node's PTFOs (the paper's baseline for F3-tree(N))",
+    },
+    Variant {
+        name: "f3tree-nohash",
+        kind: EngineKind::F3Tree,
+        settings: &[("hash_lookups", "false")],
+        description: "F3-tree whose lookups search the PTFOs instead of the hash table \
+                      (Fig. 10 \"No Hash\"; read-only runs)",
+    },
 ];
 
 /// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.

@@ -34,6 +34,7 @@ pub mod plot;
 pub mod presets;
 pub mod report;
 pub mod repro;
+mod repro_f3tree;
 mod repro_nobtree;
 pub mod repro_nstore;
 pub mod runner;

@@ -84,6 +84,21 @@ pub const REPROS: &[ReproInfo] = &[
         source: "papers/nbtree.txt §VI-E Figs. 13-14",
     },
     ReproInfo {
+        name: "f3tree-numa",
+        title: "F3-tree(N) vs its non-NUMA variant: remote PM accesses and write throughput (W1)",
+        source: "papers/f3tree.txt §5.2.2 Figs. 8-9",
+    },
+    ReproInfo {
+        name: "f3tree-read",
+        title: "F3-tree reads with 20% of the keys still in PTFOs: hash table vs none vs FAST&FAIR",
+        source: "papers/f3tree.txt §5.3.2 Fig. 10",
+    },
+    ReproInfo {
+        name: "f3tree-folimit",
+        title: "F3-tree write throughput versus the FO limit (100 / 500 / 1000 / unlimited)",
+        source: "papers/f3tree.txt §5.2.1 Fig. 6",
+    },
+    ReproInfo {
         name: "recovery",
         title: "recovery time after a crash versus key count",
         source:
@@ -169,6 +184,9 @@ pub fn run(
         "nstore-recovery" => crate::repro_nstore::recovery(targets, opts, progress)?,
         "nstore-gc" => crate::repro_nstore::gc(targets, opts, progress)?,
         "nbtree-factors" => nbtree_factors(targets, opts, progress)?,
+        "f3tree-numa" => crate::repro_f3tree::numa(targets, opts, progress)?,
+        "f3tree-read" => crate::repro_f3tree::read(targets, opts, progress)?,
+        "f3tree-folimit" => crate::repro_f3tree::fo_limit(targets, opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

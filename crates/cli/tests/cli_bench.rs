@@ -195,6 +195,9 @@ fn list_names_every_target_workload_and_reproduction() {
         "nstore-recovery",
         "nstore-gc",
         "nbtree-factors",
+        "f3tree-numa",
+        "f3tree-read",
+        "f3tree-folimit",
     ] {
         assert!(repros.stdout.lines().any(|l| l.starts_with(name)), "{name}: {repros:?}");
     }

@@ -14,7 +14,9 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
+use numakv_f3tree::{Evaluation, F3Tree, F3TreeOptions};
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
 use numakv_nap::{Nap, NapOptions};
@@ -57,6 +59,10 @@ pub enum EngineKind {
     /// NBTree (papers/nbtree.txt): lock-free B+-tree for persistent-cache (eADR) PM with DRAM
     /// leaf metadata over PM key-value blocks, three-phase SMO, Calloc.
     NbTree,
+    /// F3-tree (papers/f3tree.txt): per-thread persistent future objects on the writer's node,
+    /// a DRAM hash table of pending keys, per-node evaluate threads checkpointing into a global
+    /// FAST&FAIR tree.
+    F3Tree,
 }
 
 impl EngineKind {
@@ -67,6 +73,7 @@ impl EngineKind {
         EngineKind::Nobtree,
         EngineKind::NStore,
         EngineKind::NbTree,
+        EngineKind::F3Tree,
     ];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
@@ -83,6 +90,7 @@ impl EngineKind {
             EngineKind::Nobtree => f.run::<Nobtree>(),
             EngineKind::NStore => f.run::<NStore>(),
             EngineKind::NbTree => f.run::<NbTree>(),
+            EngineKind::F3Tree => f.run::<F3Tree>(),
         }
     }
 
@@ -207,6 +215,8 @@ pub enum EngineOptions {
     NStore(NStoreOptions),
     /// Options of [`EngineKind::NbTree`].
     NbTree(NbTreeOptions),
+    /// Options of [`EngineKind::F3Tree`].
+    F3Tree(F3TreeOptions),
 }
 
 impl EngineOptions {
@@ -218,6 +228,7 @@ impl EngineOptions {
             EngineOptions::Nobtree(_) => EngineKind::Nobtree,
             EngineOptions::NStore(_) => EngineKind::NStore,
             EngineOptions::NbTree(_) => EngineKind::NbTree,
+            EngineOptions::F3Tree(_) => EngineKind::F3Tree,
         }
     }
 
@@ -720,6 +731,128 @@ impl EngineConfig for NbTreeOptions {
             ("leaf_slots", self.leaf_slots.to_string()),
             ("variant", self.variant.name().to_string()),
             ("coupled", self.coupled.to_string()),
+        ]
+    }
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" | "on" | "yes" | "1" => Ok(true),
+        "false" | "off" | "no" | "0" => Ok(false),
+        _ => Err(format!("{key}: {value:?} is not true/false")),
+    }
+}
+
+fn parse_f3_num<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
+    value.parse::<T>().map_err(|_| format!("{key}: {value:?} is not a number"))
+}
+
+impl EngineConfig for F3TreeOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey {
+            key: "node_size",
+            help: "global FAST&FAIR tree node size in bytes, a multiple of 64 in 256..=4096",
+        },
+        OptionKey { key: "fo_entries", help: "key-value entries per future object, 1..=4094" },
+        OptionKey {
+            key: "fo_limit",
+            help: "FOs per thread before the writer waits for evaluation: N | unlimited (Fig. 6)",
+        },
+        OptionKey { key: "evaluators_per_node", help: "evaluate threads per NUMA node (2)" },
+        OptionKey {
+            key: "count_threshold",
+            help: "evaluate a thread's PTFO once it holds this many entries",
+        },
+        OptionKey {
+            key: "time_threshold_us",
+            help: "... or once it holds any and was last evaluated this many microseconds ago",
+        },
+        OptionKey {
+            key: "evaluation",
+            help: "key (F3-K, entry by entry) | batched[:N] (F3-N, N entries sorted by key)",
+        },
+        OptionKey {
+            key: "numa_aware",
+            help: "true: PTFOs on the writer's node, per-node evaluators; false: interleaved",
+        },
+        OptionKey {
+            key: "hash_lookups",
+            help: "true: lookups use the hash table; false: search PTFOs (Fig. 10 \"No Hash\")",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::F3Tree(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::F3Tree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::F3Tree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "node_size" => {
+                self.node_size = crate::size::parse_size(value)
+                    .ok()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| format!("node_size: {value:?} is not a size in bytes"))?;
+            }
+            "fo_entries" => self.fo_entries = parse_f3_num(key, value)?,
+            "fo_limit" => {
+                self.fo_limit = match value {
+                    "unlimited" | "none" => None,
+                    v => Some(parse_f3_num(key, v)?),
+                }
+            }
+            "evaluators_per_node" => self.evaluators_per_node = parse_f3_num(key, value)?,
+            "count_threshold" => self.count_threshold = parse_f3_num(key, value)?,
+            "time_threshold_us" => {
+                self.time_threshold = Duration::from_micros(parse_f3_num(key, value)?);
+            }
+            "evaluation" => {
+                self.evaluation = match value.split_once(':') {
+                    None if value == "key" => Evaluation::KeyBased,
+                    None if value == "batched" => Evaluation::NodeBatched { batch: 1024 },
+                    Some(("batched", n)) => {
+                        Evaluation::NodeBatched { batch: parse_f3_num(key, n)? }
+                    }
+                    _ => return Err(format!("evaluation: {value:?} is not key | batched[:N]")),
+                }
+            }
+            "numa_aware" => self.numa_aware = parse_bool(key, value)?,
+            "hash_lookups" => self.hash_lookups = parse_bool(key, value)?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("node_size", self.node_size.to_string()),
+            ("fo_entries", self.fo_entries.to_string()),
+            ("fo_limit", self.fo_limit.map_or("unlimited".to_string(), |n| n.to_string())),
+            ("evaluators_per_node", self.evaluators_per_node.to_string()),
+            ("count_threshold", self.count_threshold.to_string()),
+            ("time_threshold_us", self.time_threshold.as_micros().to_string()),
+            (
+                "evaluation",
+                match self.evaluation {
+                    Evaluation::KeyBased => "key".to_string(),
+                    Evaluation::NodeBatched { batch } => format!("batched:{batch}"),
+                },
+            ),
+            ("numa_aware", self.numa_aware.to_string()),
+            ("hash_lookups", self.hash_lookups.to_string()),
         ]
     }
 }

@@ -1,4 +1,644 @@
-//! F3-tree engine (papers/f3tree.txt).
+//! F3-tree (papers/f3tree.txt): writes go to per-thread persistent future objects (PTFOs) in the
+//! writer's node's PM and to a DRAM hash table of pending keys; per-node evaluate threads
+//! checkpoint them asynchronously into one global FAST&FAIR tree (used through its public API,
+//! embedded in the same pool and NSM allocator).
 //!
-//! Placeholder crate: the workspace layout of DESIGN.md §1 exists from the start so that the
-//! dependency direction is fixed early. Its contents arrive with issue 7.
+//! - [`layout`]: PM formats (directory, FOs, entries);
+//! - [`ptfo`]: the lists and their durability protocol (Algorithm 1, Fig. 4);
+//! - [`pending`]: the hash table, which is also the per-key serialisation point;
+//! - [`evaluate`]: evaluate threads (key-based F3-K, node-based batched F3-N), thresholds, the
+//!   FO limit;
+//! - [`recovery`]: open — NSM GC over tree + FOs, replay of pre-crash entries by version;
+//! - [`check`]: the fsck; [`scan`]: range queries merging pending keys with the tree.
+//!
+//! Design, crash states and resolved ambiguities: docs/design.md, section "F3-tree".
+//!
+//! ```
+//! use numakv_f3tree::{F3Tree, F3TreeOptions};
+//! use numakv_index::{Engine, Index};
+//! use numakv_pmem::{Pool, PoolConfig};
+//!
+//! let pool = Pool::volatile(PoolConfig::new(F3Tree::engine_id(), 8 << 20))?;
+//! let t = F3Tree::create(pool, &F3TreeOptions::default())?;
+//! assert!(t.insert(7, 0)?);
+//! assert_eq!(t.get(7)?, Some(0));
+//! assert!(t.remove(7)?);
+//! assert_eq!(t.get(7)?, None);
+//! t.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod check;
+pub mod evaluate;
+pub mod layout;
+pub mod pending;
+pub mod ptfo;
+mod recovery;
+mod scan;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use numakv_fastfair::{FastFair, FastFairOptions};
+use numakv_index::{
+    check_key, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
+};
+use numakv_numa as numa;
+use numakv_pmem::alloc::nsm::{Nsm, NsmMode};
+use numakv_pmem::{PPtr, Pool};
+use parking_lot::{Mutex, RwLock};
+
+use crate::layout::{Desc, Directory, DIR_BYTES, DIR_SLOTS, ENGINE, MAX_FO_ENTRIES, TOMB};
+use crate::pending::{Pending, PendingTable};
+use crate::ptfo::List;
+
+/// Free pages per node below which producers get `OutOfSpace` (room kept for the tree).
+pub const HEADROOM_PAGES: u64 = 4;
+
+/// How evaluate threads apply a list's entries to the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evaluation {
+    /// F3-K: entry by entry, in the order they were written.
+    KeyBased,
+    /// F3-N (node-based batching): up to `batch` entries at once, sorted by key, so that
+    /// consecutive tree writes hit the same leaves.
+    NodeBatched {
+        /// Most entries per batch.
+        batch: usize,
+    },
+}
+
+/// Options of an F3-tree (all per session except `node_size`, which the tree records).
+#[derive(Clone, Debug)]
+pub struct F3TreeOptions {
+    /// Node size of the global FAST&FAIR tree (shapes its format; the stored value wins).
+    pub node_size: usize,
+    /// Entries per FO (1..=4094; default 126: a 4 KiB FO).
+    pub fo_entries: usize,
+    /// FOs a producer's list may hold before the producer waits for the evaluators (the
+    /// paper's FO limit, Fig. 6); `None` = unlimited.
+    pub fo_limit: Option<usize>,
+    /// Evaluate threads per NUMA node (default 2).
+    pub evaluators_per_node: usize,
+    /// Evaluate a list once it holds this many unprocessed entries.
+    pub count_threshold: u64,
+    /// ... or once it has unprocessed entries and was last evaluated this long ago.
+    pub time_threshold: Duration,
+    /// Key-based or node-based batched evaluation.
+    pub evaluation: Evaluation,
+    /// NUMA-aware (the paper's F3-tree): PTFOs on their producer's node, evaluate threads
+    /// bound to a node and evaluating only that node's lists. `false` is the non-NUMA variant:
+    /// PTFOs interleaved over the nodes, evaluate threads serving any list.
+    pub numa_aware: bool,
+    /// Lookups consult the hash table (default). `false` is the paper's "No Hash" read path of
+    /// Fig. 10: a lookup searches every PTFO (newest first) before the tree. The table still
+    /// serialises writers either way.
+    pub hash_lookups: bool,
+}
+
+impl Default for F3TreeOptions {
+    fn default() -> Self {
+        F3TreeOptions {
+            node_size: numakv_fastfair::layout::DEFAULT_NODE_SIZE,
+            fo_entries: 126,
+            fo_limit: None,
+            evaluators_per_node: 2,
+            count_threshold: 64,
+            time_threshold: Duration::from_millis(1),
+            evaluation: Evaluation::KeyBased,
+            numa_aware: true,
+            hash_lookups: true,
+        }
+    }
+}
+
+impl F3TreeOptions {
+    /// The batched (F3-N) preset.
+    pub fn batched() -> F3TreeOptions {
+        F3TreeOptions {
+            evaluation: Evaluation::NodeBatched { batch: 1024 },
+            ..F3TreeOptions::default()
+        }
+    }
+
+    /// The non-NUMA-aware preset.
+    pub fn non_numa() -> F3TreeOptions {
+        F3TreeOptions { numa_aware: false, ..F3TreeOptions::default() }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.fo_entries == 0 || self.fo_entries > MAX_FO_ENTRIES {
+            return Err(Error::InvalidOptions(format!(
+                "fo_entries {} not in 1..={MAX_FO_ENTRIES}",
+                self.fo_entries
+            )));
+        }
+        if self.evaluators_per_node == 0 {
+            return Err(Error::InvalidOptions("evaluators_per_node must be at least 1".into()));
+        }
+        if self.fo_limit == Some(0) {
+            return Err(Error::InvalidOptions("fo_limit must be at least 1 (or unlimited)".into()));
+        }
+        if let Evaluation::NodeBatched { batch: 0 } = self.evaluation {
+            return Err(Error::InvalidOptions("a batch must hold at least 1 entry".into()));
+        }
+        Ok(())
+    }
+
+    fn tree_options(&self) -> FastFairOptions {
+        FastFairOptions {
+            node_size: self.node_size,
+            nsm_mode: self.nsm_mode(),
+            root_slot_base: layout::TREE_SLOT_BASE,
+        }
+    }
+
+    fn nsm_mode(&self) -> NsmMode {
+        if self.numa_aware {
+            NsmMode::Local
+        } else {
+            NsmMode::RoundRobin
+        }
+    }
+}
+
+/// Event counters (DRAM, per session).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub applied: AtomicU64,
+    pub skipped: AtomicU64,
+    pub evaluations: AtomicU64,
+    pub fos_allocated: AtomicU64,
+    pub fos_freed: AtomicU64,
+    pub producer_waits: AtomicU64,
+    pub eval_errors: AtomicU64,
+}
+
+/// What evaluate threads and operations share.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub pool: Arc<Pool>,
+    pub nsm: Arc<Nsm>,
+    pub tree: FastFair,
+    pub dir: PPtr,
+    pub table: PendingTable,
+    pub opts: F3TreeOptions,
+    /// Every list evaluators serve (active and recovering).
+    pub lists: RwLock<Vec<Arc<List>>>,
+    /// Producer (thread id, node) → its list.
+    pub by_thread: Box<[OnceLock<Arc<List>>]>,
+    /// Free directory slots.
+    pub free_slots: Mutex<Vec<usize>>,
+    /// Evaluators hold it shared while they process; `check()` exclusively.
+    pub gate: RwLock<()>,
+    /// Evaluate everything regardless of thresholds (close).
+    pub draining: AtomicBool,
+    /// Evaluators exit.
+    pub stop: AtomicBool,
+    /// Round-robin node for the non-NUMA variant's FOs.
+    pub rr: AtomicU64,
+    pub counters: Counters,
+    /// The last error an evaluator hit (reported by `check()` and `close()`).
+    pub eval_error: Mutex<Option<String>>,
+    /// Set while an evaluator's last attempt failed for lack of space (the node it needed).
+    pub eval_oos: Mutex<Option<usize>>,
+    /// Lists created so far per node (NUMA-aware) or in all (non-NUMA): the rank that spreads
+    /// lists over evaluators.
+    pub ranks: Vec<AtomicU64>,
+}
+
+/// What a write does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Write {
+    Insert,
+    Upsert,
+    Update,
+    Remove,
+}
+
+impl Inner {
+    pub fn desc(&self, slot: usize) -> Result<&Desc> {
+        let dir: &Directory = layout::directory(&self.pool, self.dir)?;
+        dir.get(slot).ok_or_else(|| Error::corrupted(ENGINE, format!("directory slot {slot}")))
+    }
+
+    /// The calling thread's list (created on first use).
+    fn my_list(&self) -> Result<&Arc<List>> {
+        let tid = numa::try_tid().map_err(numakv_pmem::PoolError::from)?;
+        let node = numa::current_node().min(self.pool.nodes() - 1);
+        let cell = self
+            .by_thread
+            .get(tid * self.pool.nodes() + node)
+            .ok_or_else(|| Error::InvalidOptions(format!("thread id {tid} out of range")))?;
+        if let Some(l) = cell.get() {
+            return Ok(l);
+        }
+        // Only the thread holding `tid` gets here for this cell: no race on creation.
+        self.headroom()?;
+        let slot = self.free_slots.lock().pop().ok_or_else(|| {
+            Error::Unsupported(format!("more than {DIR_SLOTS} PTFO lists at once"))
+        })?;
+        let fo_node = if self.opts.numa_aware {
+            node
+        } else {
+            (self.rr.fetch_add(1, Ordering::Relaxed) % self.pool.nodes() as u64) as usize
+        };
+        let list = match ptfo::create_list(
+            &self.pool,
+            &self.nsm,
+            self.desc(slot)?,
+            slot,
+            fo_node,
+            self.opts.fo_entries,
+        ) {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                self.free_slots.lock().push(slot);
+                return Err(e);
+            }
+        };
+        self.counters.fos_allocated.fetch_add(1, Ordering::Relaxed);
+        assign_rank(&self.opts, &self.ranks, &list);
+        self.lists.write().push(Arc::clone(&list));
+        let _ = cell.set(list);
+        cell.get().ok_or_else(|| Error::corrupted(ENGINE, "list cell"))
+    }
+
+    /// Fails with `OutOfSpace` when a node's page heap is down to [`HEADROOM_PAGES`] free
+    /// pages. Producers stop there so that the evaluate threads can still grow the tree for
+    /// the entries already accepted: FAST&FAIR running out of space in the middle of a split
+    /// leaves an orphan node that only its recovery relinks.
+    fn headroom(&self) -> Result<()> {
+        for node in 0..self.pool.nodes() {
+            let (used, total) = self.pool.heap_usage(node)?;
+            if total.saturating_sub(used) < HEADROOM_PAGES {
+                return Err(numakv_pmem::PoolError::OutOfSpace {
+                    node,
+                    requested: layout::fo_bytes(self.opts.fo_entries) as u64,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room for one entry in the producer's head FO: links a new FO when it is full,
+    /// waiting first while the list is at the FO limit. Called without any shard lock held
+    /// (evaluators need them to make progress).
+    fn reserve(&self, list: &List) -> Result<usize> {
+        // ORDERING: Relaxed; only this thread (the producer) writes `head_used`.
+        let used = list.head_used.load(Ordering::Relaxed);
+        if used < list.cap {
+            return Ok(used);
+        }
+        if let Some(limit) = self.opts.fo_limit {
+            let mut waited = false;
+            // ORDERING: Relaxed; `fos` is a counter the consumer decrements, re-read in a loop.
+            while list.fos.load(Ordering::Relaxed) >= limit {
+                if !waited {
+                    waited = true;
+                    self.counters.producer_waits.fetch_add(1, Ordering::Relaxed);
+                    list.waiting.store(true, Ordering::Relaxed);
+                }
+                if self.stop.load(Ordering::Relaxed) || self.pool.has_crashed() {
+                    return Err(Error::Unsupported("f3tree: engine stopped or crashed".into()));
+                }
+                // The evaluators cannot free FOs while the tree has no room: waiting would
+                // never end, so the write fails as an allocation would (nothing was changed).
+                if let Some(node) = *self.eval_oos.lock() {
+                    list.waiting.store(false, Ordering::Relaxed);
+                    return Err(numakv_pmem::PoolError::OutOfSpace {
+                        node,
+                        requested: layout::fo_bytes(list.cap) as u64,
+                    }
+                    .into());
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            list.waiting.store(false, Ordering::Relaxed);
+        }
+        self.headroom()?;
+        ptfo::link_new_fo(&self.pool, &self.nsm, self.desc(list.slot)?, list)?;
+        self.counters.fos_allocated.fetch_add(1, Ordering::Relaxed);
+        Ok(0)
+    }
+
+    fn write(&self, key: u64, value: u64, kind: Write) -> Result<bool> {
+        check_key(key)?;
+        let list = self.my_list()?;
+        let idx = self.reserve(list)?;
+        let mut shard = self.table.lock(key);
+        let current = match shard.map.get(&key) {
+            Some(p) => p.value,
+            None => self.tree.get(key)?,
+        };
+        let tomb = match kind {
+            Write::Insert if current.is_some() => return Ok(false),
+            Write::Update | Write::Remove if current.is_none() => return Ok(false),
+            Write::Remove => true,
+            _ => false,
+        };
+        let version = shard.bump();
+        let meta = version | if tomb { TOMB } else { 0 };
+        let loc = ptfo::append(&self.pool, list, idx, key, if tomb { 0 } else { value }, meta)?;
+        // The new entry is durable: the superseded one must never be replayed.
+        if let Some(old) = shard.map.get(&key) {
+            ptfo::mark_dead(&self.pool, old.loc)?;
+        }
+        shard.map.insert(key, Pending { version, loc, value: (!tomb).then_some(value) });
+        Ok(true)
+    }
+
+    fn get(&self, key: u64) -> Result<Option<u64>> {
+        check_key(key)?;
+        if self.opts.hash_lookups {
+            let shard = self.table.lock(key);
+            if let Some(p) = shard.map.get(&key) {
+                // Hash table → PTFO: the value is read from the entry (one PM line), as the
+                // paper's lookup does; the DRAM copy serves scans.
+                let e = self.pool.get::<layout::FoEntry>(p.loc)?;
+                let meta = e.meta.load(Ordering::Acquire);
+                return Ok(if meta & TOMB != 0 {
+                    None
+                } else {
+                    Some(e.value.load(Ordering::Relaxed))
+                });
+            }
+        } else if let Some(v) = self.search_ptfos(key)? {
+            return Ok(v);
+        }
+        self.tree.get(key)
+    }
+
+    /// The "No Hash" lookup of Fig. 10: every list's live entries, newest version of `key`
+    /// wins. Each list is walked under its cursor lock, so its consumer frees no FO meanwhile.
+    /// Not linearizable against concurrent writers of `key` (a write may move the key to a list
+    /// already walked): a measurement mode for read-only runs, not for mixed workloads.
+    fn search_ptfos(&self, key: u64) -> Result<Option<Option<u64>>> {
+        let lists: Vec<Arc<List>> = self.lists.read().clone();
+        let mut best: Option<(u64, Option<u64>)> = None;
+        for l in &lists {
+            let cur = l.cursor.lock();
+            let head = l.head();
+            let mut fo = cur.fo;
+            let mut start = cur.idx;
+            while !fo.is_null() {
+                let f = layout::Fo::resolve(&self.pool, fo)?;
+                let end = if fo == head { l.head_used.load(Ordering::Acquire) } else { f.cap };
+                for i in start..end.min(f.cap) {
+                    let e = f.entry(&self.pool, i);
+                    if e.key.load(Ordering::Relaxed) != key {
+                        continue;
+                    }
+                    let meta = e.meta.load(Ordering::Acquire);
+                    if meta == 0 || meta & layout::DEAD != 0 {
+                        continue;
+                    }
+                    let v = meta & layout::VERSION_MASK;
+                    if best.map_or(true, |(bv, _)| v > bv) {
+                        let val = (meta & TOMB == 0).then(|| e.value.load(Ordering::Relaxed));
+                        best = Some((v, val));
+                    }
+                }
+                if fo == head {
+                    break;
+                }
+                fo = f.prev();
+                start = 0;
+            }
+        }
+        // Not found: the key is not pending, or its entry was applied during the walk — the
+        // tree has it either way.
+        Ok(best.map(|(_, v)| v))
+    }
+}
+
+/// An F3-tree; see the [crate docs](crate).
+#[derive(Debug)]
+pub struct F3Tree {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl F3Tree {
+    fn start(inner: Arc<Inner>) -> Result<F3Tree> {
+        let threads = evaluate::spawn(&inner)?;
+        Ok(F3Tree { inner, threads: Mutex::new(threads) })
+    }
+
+    /// The global FAST&FAIR tree (entries not yet evaluated are not in it).
+    pub fn tree(&self) -> &FastFair {
+        &self.inner.tree
+    }
+
+    /// Keys currently pending in PTFOs.
+    pub fn pending_keys(&self) -> usize {
+        self.inner.table.len()
+    }
+
+    /// Waits until every entry written so far has been evaluated into the tree (or `timeout`
+    /// passes, or evaluation makes no progress for a second — e.g. the pool is full); `true`
+    /// if drained.
+    pub fn wait_drained(&self, timeout: Duration) -> bool {
+        self.inner.draining.store(true, Ordering::Relaxed);
+        let ok = evaluate::wait_idle(&self.inner, timeout, Duration::from_secs(1));
+        self.inner.draining.store(false, Ordering::Relaxed);
+        ok
+    }
+
+    /// Stops and joins the evaluate threads (idempotent).
+    fn stop(&self) {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for F3Tree {
+    fn drop(&mut self) {
+        // A drop without close is a crash for the store: stop evaluating, do not drain.
+        self.stop();
+    }
+}
+
+impl Index for F3Tree {
+    fn name(&self) -> &'static str {
+        ENGINE
+    }
+
+    fn insert(&self, key: u64, value: u64) -> Result<bool> {
+        self.inner.write(key, value, Write::Insert)
+    }
+
+    fn upsert(&self, key: u64, value: u64) -> Result<()> {
+        self.inner.write(key, value, Write::Upsert).map(|_| ())
+    }
+
+    fn update(&self, key: u64, value: u64) -> Result<bool> {
+        self.inner.write(key, value, Write::Update)
+    }
+
+    fn get(&self, key: u64) -> Result<Option<u64>> {
+        self.inner.get(key)
+    }
+
+    fn remove(&self, key: u64) -> Result<bool> {
+        self.inner.write(key, 0, Write::Remove)
+    }
+
+    fn scan(&self, start: u64, max: usize, out: &mut Vec<(u64, u64)>) -> Result<usize> {
+        scan::scan(&self.inner, start, max, out)
+    }
+
+    fn stats(&self) -> EngineStats {
+        let i = &self.inner;
+        let mut s = i.tree.stats();
+        let c = &i.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let lists = i.lists.read();
+        let fos: usize = lists.iter().map(|l| l.fos.load(Ordering::Relaxed)).sum();
+        let pending: u64 = lists.iter().map(|l| l.pending()).sum();
+        s.dram_bytes += i.table.dram_bytes();
+        s.counters.extend([
+            ("lists", lists.len() as u64),
+            ("fos", fos as u64),
+            ("pending_entries", pending),
+            ("pending_keys", i.table.len() as u64),
+            ("entries_applied", get(&c.applied)),
+            ("entries_skipped", get(&c.skipped)),
+            ("evaluations", get(&c.evaluations)),
+            ("fos_allocated", get(&c.fos_allocated)),
+            ("fos_freed", get(&c.fos_freed)),
+            ("producer_waits", get(&c.producer_waits)),
+            ("eval_errors", get(&c.eval_errors)),
+        ]);
+        s
+    }
+
+    fn check(&self) -> Result<CheckReport> {
+        check::check(&self.inner)
+    }
+}
+
+/// Builds the engine state shared by create and open.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn new_inner(
+    pool: Arc<Pool>,
+    nsm: Arc<Nsm>,
+    tree: FastFair,
+    dir: PPtr,
+    table: PendingTable,
+    opts: &F3TreeOptions,
+    lists: Vec<Arc<List>>,
+    used_slots: &[usize],
+) -> Arc<Inner> {
+    let nodes = pool.nodes();
+    let by_thread = (0..numa::MAX_THREADS * nodes).map(|_| OnceLock::new()).collect();
+    let ranks: Vec<AtomicU64> = (0..nodes).map(|_| AtomicU64::new(0)).collect();
+    for l in &lists {
+        assign_rank(opts, &ranks, l);
+    }
+    let free_slots = (0..DIR_SLOTS).rev().filter(|s| !used_slots.contains(s)).collect();
+    Arc::new(Inner {
+        pool,
+        nsm,
+        tree,
+        dir,
+        table,
+        opts: opts.clone(),
+        lists: RwLock::new(lists),
+        by_thread,
+        free_slots: Mutex::new(free_slots),
+        gate: RwLock::new(()),
+        draining: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        rr: AtomicU64::new(0),
+        counters: Counters::default(),
+        eval_error: Mutex::new(None),
+        eval_oos: Mutex::new(None),
+        ranks,
+    })
+}
+
+/// Gives `l` the next rank of its node (NUMA-aware) or of all lists (non-NUMA), so that
+/// consecutive lists go to different evaluators.
+pub(crate) fn assign_rank(opts: &F3TreeOptions, ranks: &[AtomicU64], l: &List) {
+    let counter = if opts.numa_aware { &ranks[l.node.min(ranks.len() - 1)] } else { &ranks[0] };
+    // ORDERING: Relaxed; a counter, read by nobody else.
+    l.rank.store(counter.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+}
+
+impl Engine for F3Tree {
+    type Options = F3TreeOptions;
+
+    const NAME: &'static str = "f3tree";
+    const FORMAT_VERSION: u32 = layout::FORMAT_VERSION;
+
+    fn create(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<F3Tree> {
+        opts.validate()?;
+        if pool.header().engine.name != Self::NAME {
+            return Err(Error::InvalidOptions(format!(
+                "pool belongs to engine {:?}, not {}",
+                pool.header().engine.name,
+                Self::NAME
+            )));
+        }
+        if pool.root(layout::SLOT_META)?.load(Ordering::Acquire) != 0 {
+            return Err(Error::InvalidOptions("pool already holds an f3tree".into()));
+        }
+        let nsm = Nsm::new(Arc::clone(&pool), opts.nsm_mode())?;
+        let tree =
+            FastFair::create_with(Arc::clone(&pool), Arc::clone(&nsm), &opts.tree_options())?;
+        let dir = nsm.alloc_on(DIR_BYTES, Some(0))?;
+        let bytes = pool.bytes(dir, DIR_BYTES)?;
+        // SAFETY: the block was just allocated; nobody else can reach it.
+        unsafe {
+            bytes.fill(0, DIR_BYTES, 0);
+        }
+        // PERSIST: an empty directory (every slot free) before it is published.
+        pool.persist(bytes.as_ptr(), DIR_BYTES);
+        let slot = pool.root(layout::SLOT_DIR)?;
+        slot.store(dir.raw(), Ordering::Release);
+        // PERSIST: the directory pointer before the format word that commits the store.
+        pool.persist_obj(slot);
+        let meta = pool.root(layout::SLOT_META)?;
+        meta.store(layout::meta_word(), Ordering::Release);
+        // PERSIST: the store exists durably before create returns.
+        pool.persist_obj(meta);
+        let inner = new_inner(pool, nsm, tree, dir, PendingTable::new(1), opts, Vec::new(), &[]);
+        F3Tree::start(inner)
+    }
+
+    fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(F3Tree, RecoveryReport)> {
+        opts.validate()?;
+        let (inner, report) = recovery::open(pool, opts)?;
+        Ok((F3Tree::start(inner)?, report))
+    }
+
+    fn close(self) -> Result<()> {
+        // Drain: every pending entry reaches the tree and every FO but the heads is freed —
+        // best effort: entries that cannot be applied now (the pool is full for the tree) stay
+        // durable in their FOs, and the next open replays them exactly as after a crash.
+        self.wait_drained(Duration::from_secs(600));
+        self.stop();
+        if let Some(e) = self.inner.eval_error.lock().take() {
+            return Err(Error::corrupted(ENGINE, format!("evaluation failed: {e}")));
+        }
+        self.inner.pool.close()?;
+        Ok(())
+    }
+
+    fn pool(&self) -> &Arc<Pool> {
+        &self.inner.pool
+    }
+}
+
+impl F3Tree {
+    /// NSM, shared by the tree and the FOs.
+    pub fn nsm(&self) -> &Arc<Nsm> {
+        &self.inner.nsm
+    }
+}

@@ -1,0 +1,291 @@
+//! Evaluate threads (papers/f3tree.txt §4.2–4.3, Algorithm 1 lines 21–31): the consumers that
+//! checkpoint PTFO entries into the global tree.
+//!
+//! - **Placement.** `evaluators_per_node` threads per node. NUMA-aware: an evaluator of node `n`
+//!   serves only lists whose FOs live on `n` (list slot modulo the per-node count picks which of
+//!   them), and runs as a thread of node `n` — the paper's `NUMA-Eval()`. Non-NUMA variant: the
+//!   evaluators serve the lists by slot modulo their total count, wherever the lists live.
+//! - **Triggers.** A list is evaluated once it holds `count_threshold` unprocessed entries, or has
+//!   any and was last evaluated `time_threshold` ago; always when its producer waits at the FO
+//!   limit, when the engine drains (close), and for lists recovered at open.
+//! - **Key-based (F3-K)**: entries in written order. **Node-based batched (F3-N)**: up to `batch`
+//!   entries gathered from the list, sorted by key, so consecutive tree writes share leaves.
+//!   Neither order matters for correctness: each entry is applied under its key's shard lock
+//!   only if the table still names exactly that entry (the latest version of its key), and it is
+//!   marked DEAD durably before the key leaves the table; an entry the table no longer names was
+//!   superseded and already marked DEAD by the writer that superseded it.
+//! - **Reclamation.** An FO all of whose entries are processed and that is not the head is
+//!   unlinked from the tail and freed (`ptfo::unlink_tail`). A recovered list is freed entirely
+//!   once drained, and its directory slot reused.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use numakv_index::{Error, Index, Result};
+use numakv_numa as numa;
+use numakv_pmem::alloc::epoch;
+use numakv_pmem::PPtr;
+
+use crate::layout::{Fo, FoEntry, DEAD, ENGINE, TOMB, VERSION_MASK};
+use crate::ptfo::{self, List};
+use crate::{Evaluation, Inner};
+
+/// Most entries one evaluation of a list processes in key-based mode before the evaluator
+/// looks at its other lists.
+const KEY_BASED_ROUND: usize = 4096;
+
+/// Starts the evaluate threads.
+pub(crate) fn spawn(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
+    let nodes = inner.pool.nodes();
+    let per = inner.opts.evaluators_per_node;
+    let mut out = Vec::with_capacity(nodes * per);
+    for node in 0..nodes {
+        for j in 0..per {
+            let me = Arc::clone(inner);
+            let h = std::thread::Builder::new()
+                .name(format!("f3-eval-{node}-{j}"))
+                .spawn(move || run(&me, node, j))
+                .map_err(|e| Error::Unsupported(format!("cannot start an evaluate thread: {e}")));
+            match h {
+                Ok(h) => out.push(h),
+                Err(e) => {
+                    // The threads already started exit on `stop`; join them before failing.
+                    inner.stop.store(true, Ordering::Relaxed);
+                    for h in out {
+                        let _ = h.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether evaluator (`node`, `j`) serves `l`.
+fn serves(inner: &Inner, l: &List, node: usize, j: usize) -> bool {
+    let per = inner.opts.evaluators_per_node as u64;
+    // ORDERING: Relaxed; set once before the list is published under the lists' lock.
+    let rank = l.rank.load(Ordering::Relaxed);
+    if inner.opts.numa_aware {
+        l.node == node && rank % per == j as u64
+    } else {
+        rank % (per * inner.pool.nodes() as u64) == (node * per as usize + j) as u64
+    }
+}
+
+fn run(inner: &Inner, node: usize, j: usize) {
+    // The evaluator is a thread of `node`: accounting counts its PM accesses against it, NSM
+    // places the tree nodes it allocates there (local mode).
+    numa::set_current_node(node);
+    let idle =
+        Duration::from_micros(200).min(inner.opts.time_threshold.max(Duration::from_micros(20)));
+    // ORDERING: Relaxed; `stop` only ends the loop, it guards no data.
+    while !inner.stop.load(Ordering::Relaxed) {
+        let lists: Vec<Arc<List>> =
+            inner.lists.read().iter().filter(|l| serves(inner, l, node, j)).cloned().collect();
+        let mut worked = false;
+        let mut retired = false;
+        for l in &lists {
+            if inner.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let r = {
+                let _g = inner.gate.read();
+                drain(inner, l)
+            };
+            // One accounted "operation" per evaluation: the evaluate threads' PM lines (FO
+            // reads, tree writes — local or remote to their node) show in the global access
+            // statistics, which is where papers/f3tree.txt Figs. 8-9 count them.
+            numakv_pmem::account::op_end();
+            match r {
+                Ok((n, done)) => {
+                    worked |= n > 0;
+                    retired |= done;
+                    if n > 0 {
+                        *inner.eval_oos.lock() = None;
+                        // Tree nodes this evaluation retired (merges) sit in this thread's
+                        // epoch bag: hand them over now, before the next gate, which `check()`
+                        // may hold while it waits for their grace period to end.
+                        epoch::pin().flush();
+                    }
+                }
+                Err(e) => {
+                    if inner.pool.has_crashed() {
+                        return;
+                    }
+                    inner.counters.eval_errors.fetch_add(1, Ordering::Relaxed);
+                    if e.is_out_of_space() {
+                        *inner.eval_oos.lock() = Some(node);
+                    } else {
+                        *inner.eval_error.lock() = Some(e.to_string());
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        if retired {
+            inner.lists.write().retain(|l| !l.retired.load(Ordering::Relaxed));
+        }
+        if !worked {
+            // Deferred frees of the tree (merges) sit in this thread's epoch bag: hand them
+            // over so the grace period can end while the evaluator idles.
+            epoch::pin().flush();
+            std::thread::sleep(idle);
+        }
+    }
+}
+
+/// Evaluates `l` if it is due: returns the entries processed and whether the (recovered) list
+/// was retired.
+pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
+    if l.retired.load(Ordering::Relaxed) {
+        return Ok((0, false));
+    }
+    let mut cur = l.cursor.lock();
+    let pending = l.pending();
+    let due = inner.draining.load(Ordering::Relaxed)
+        || l.recovering
+        || l.waiting.load(Ordering::Relaxed)
+        || pending >= inner.opts.count_threshold.max(1)
+        || (pending > 0 && cur.last_eval.elapsed() >= inner.opts.time_threshold);
+    if !due {
+        return Ok((0, false));
+    }
+    cur.last_eval = Instant::now();
+    let max = match inner.opts.evaluation {
+        Evaluation::KeyBased => KEY_BASED_ROUND,
+        Evaluation::NodeBatched { batch } => batch,
+    };
+    // Gather entry locations from the cursor on; FOs passed completely are freed afterwards.
+    let pool = &inner.pool;
+    let mut items: Vec<PPtr> = Vec::new();
+    let mut passed: Vec<(PPtr, PPtr)> = Vec::new();
+    let (mut fo_p, mut idx) = (cur.fo, cur.idx);
+    loop {
+        let head = l.head();
+        let fo = Fo::resolve(pool, fo_p)?;
+        let avail = if fo_p == head {
+            // ORDERING: Acquire; pairs with the producer's Release after the entry persisted.
+            l.head_used.load(Ordering::Acquire).min(fo.cap)
+        } else {
+            fo.cap
+        };
+        while idx < avail && items.len() < max {
+            items.push(fo.entry_ptr(idx));
+            idx += 1;
+        }
+        if idx < fo.cap || fo_p == head || items.len() >= max {
+            break;
+        }
+        let newer = fo.prev();
+        if newer.is_null() {
+            return Err(Error::corrupted(
+                ENGINE,
+                format!("list links: FO {fo_p} is not the head but has no newer FO"),
+            ));
+        }
+        passed.push((fo_p, newer));
+        fo_p = newer;
+        idx = 0;
+    }
+    if let Evaluation::NodeBatched { .. } = inner.opts.evaluation {
+        let key = |p: &PPtr| pool.get::<FoEntry>(*p).map_or(0, |e| e.key.load(Ordering::Relaxed));
+        items.sort_by_cached_key(key);
+    }
+    for &loc in &items {
+        apply(inner, loc)?;
+    }
+    let desc = inner.desc(l.slot)?;
+    for &(fo, newer) in &passed {
+        ptfo::unlink_tail(pool, &inner.nsm, desc, fo, newer)?;
+        l.fos.fetch_sub(1, Ordering::Relaxed);
+        inner.counters.fos_freed.fetch_add(1, Ordering::Relaxed);
+    }
+    cur.fo = fo_p;
+    cur.idx = idx;
+    l.consumed.fetch_add(items.len() as u64, Ordering::Relaxed);
+    inner.counters.evaluations.fetch_add(1, Ordering::Relaxed);
+    let mut retired = false;
+    if l.recovering && fo_p == l.head() && idx >= l.head_used.load(Ordering::Acquire) {
+        ptfo::retire_list(pool, &inner.nsm, desc, fo_p)?;
+        l.fos.store(0, Ordering::Relaxed);
+        l.retired.store(true, Ordering::Relaxed);
+        inner.counters.fos_freed.fetch_add(1, Ordering::Relaxed);
+        inner.free_slots.lock().push(l.slot);
+        retired = true;
+    }
+    Ok((items.len(), retired))
+}
+
+/// Applies the entry at `loc` to the tree if it is still the latest of its key.
+fn apply(inner: &Inner, loc: PPtr) -> Result<()> {
+    let pool = &inner.pool;
+    let e = pool.get::<FoEntry>(loc)?;
+    // ORDERING: Acquire; pairs with the Release of the meta word in `ptfo::append`.
+    let meta = e.meta.load(Ordering::Acquire);
+    if meta == 0 || meta & DEAD != 0 {
+        inner.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
+    let key = e.key.load(Ordering::Relaxed);
+    let version = meta & VERSION_MASK;
+    let mut shard = inner.table.lock(key);
+    match shard.map.get(&key) {
+        Some(p) if p.loc == loc && p.version == version => {
+            if meta & TOMB != 0 {
+                inner.tree.remove(key)?;
+            } else {
+                inner.tree.upsert(key, e.value.load(Ordering::Relaxed))?;
+            }
+            // The tree write is durable (FAST&FAIR persists before returning); the entry must
+            // not be replayed after a later version of the key is applied and its FO freed.
+            ptfo::mark_dead(pool, loc)?;
+            shard.map.remove(&key);
+            inner.counters.applied.fetch_add(1, Ordering::Relaxed);
+        }
+        // Superseded: the superseding writer marked it DEAD (durably) before it replaced it in
+        // the table, under this same lock.
+        _ => {
+            inner.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// Waits until no key is pending and no recovered list remains; gives up after `timeout`, or
+/// earlier when the evaluators made no progress for `stall` (e.g. the pool is out of space for
+/// the tree). `true` if idle.
+pub(crate) fn wait_idle(inner: &Inner, timeout: Duration, stall: Duration) -> bool {
+    let t0 = Instant::now();
+    let mut last = (usize::MAX, u64::MAX);
+    let mut since = Instant::now();
+    loop {
+        let recovering = inner
+            .lists
+            .read()
+            .iter()
+            .filter(|l| l.recovering && !l.retired.load(Ordering::Relaxed))
+            .count();
+        let pending = inner.table.len();
+        if pending == 0 && recovering == 0 {
+            return true;
+        }
+        // ORDERING: Relaxed; progress is a heuristic.
+        let progress = (pending + recovering, inner.counters.applied.load(Ordering::Relaxed));
+        if progress != last {
+            last = progress;
+            since = Instant::now();
+        }
+        if t0.elapsed() >= timeout
+            || since.elapsed() >= stall
+            || inner.stop.load(Ordering::Relaxed)
+            || inner.pool.has_crashed()
+        {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
