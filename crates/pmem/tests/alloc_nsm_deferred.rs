@@ -38,7 +38,8 @@ fn free(nsm: &Nsm, p: PPtr) -> Result<(), PoolError> {
     unsafe { nsm.free(p) }
 }
 
-const NO_CANCEL: AtomicBool = AtomicBool::new(false);
+/// A cancel flag nobody sets.
+static NO_CANCEL: AtomicBool = AtomicBool::new(false);
 
 /// A store whose NSM holds a mix of small and large blocks, a random third of them reachable,
 /// closed by a crash (the free lists are lost). Returns the reachable set.

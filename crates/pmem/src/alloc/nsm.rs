@@ -986,9 +986,11 @@ impl Nsm {
         }
         let nsm = Self::build(pool, mode)?;
         let mut marks = nsm.unmarked()?;
-        let mut report = NsmRecovery::default();
         // Only volatile state changes until every pointer has been checked.
-        report.blocks_reachable = nsm.mark(&mut marks, reachable, true)?;
+        let mut report = NsmRecovery {
+            blocks_reachable: nsm.mark(&mut marks, reachable, true)?,
+            ..NsmRecovery::default()
+        };
         let small_bytes = nsm.sweep(marks, &mut report)?;
         // ORDERING: Relaxed; the Arc below publishes it.
         nsm.recovered_small_bytes.store(small_bytes, Ordering::Relaxed);
