@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use numakv_fastfair::{FastFair, FastFairOptions};
+use numakv_fastfair::{FastFair, FastFairOptions, RecoveryMode};
 use numakv_index::Engine;
 use numakv_pmem::{OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
 
@@ -33,12 +33,36 @@ pub fn create(dir: &Path, mode: PersistMode, sim: SimMode, node_size: usize) -> 
     FastFair::create(pool, &opts(node_size)).unwrap()
 }
 
-/// Reopens the store in `dir` (recovery included).
+/// Reopens the store in `dir` (recovery included, lazy: the default).
 pub fn reopen(dir: &Path, sim: SimMode) -> (FastFair, numakv_index::RecoveryReport) {
+    reopen_with(dir, sim, RecoveryMode::default())
+}
+
+/// Reopens the store in `dir` with the given recovery mode.
+pub fn reopen_with(
+    dir: &Path,
+    sim: SimMode,
+    recovery: RecoveryMode,
+) -> (FastFair, numakv_index::RecoveryReport) {
     let mut c = OpenConfig::new(FastFair::engine_id());
     c.sim = sim;
     let pool: Arc<Pool> = Pool::open(dir, c).unwrap();
-    FastFair::open(pool, &FastFairOptions::default()).unwrap()
+    FastFair::open(pool, &FastFairOptions { recovery, ..Default::default() }).unwrap()
+}
+
+/// The recovery report of a reopen, with a lazy open's background counters (waited for).
+pub fn full_report(
+    t: &FastFair,
+    open: numakv_index::RecoveryReport,
+) -> numakv_index::RecoveryReport {
+    match t.wait_recovery().unwrap() {
+        Some(mut bg) => {
+            bg.was_clean = open.was_clean;
+            bg.counters.extend(open.counters); // ("deferred", 1)
+            bg
+        }
+        None => open,
+    }
 }
 
 /// Small deterministic PRNG (xorshift) so tests need no seeds from outside.
@@ -154,8 +178,18 @@ pub fn verify(t: &FastFair, model: &BTreeMap<u64, u64>, pending: Option<Op>, exa
     } else {
         assert!(r.reachable_blocks <= r.allocated_blocks, "{r:?}");
     }
-    let got = contents(t);
+    let got = check_contents(t, model, pending);
     assert_eq!(r.entries, got.len() as u64);
+}
+
+/// A full scan is the model with `pending` wholly absent or wholly applied, and point gets
+/// agree with it (no `check()`: usable while a lazy recovery runs). Returns the contents.
+pub fn check_contents(
+    t: &FastFair,
+    model: &BTreeMap<u64, u64>,
+    pending: Option<Op>,
+) -> BTreeMap<u64, u64> {
+    let got = contents(t);
     let mut after = model.clone();
     if let Some(op) = pending {
         model_apply(&mut after, op);
@@ -167,6 +201,7 @@ pub fn verify(t: &FastFair, model: &BTreeMap<u64, u64>, pending: Option<Op>, exa
     for (k, v) in &got {
         assert_eq!(t.get(*k).unwrap(), Some(*v));
     }
+    got
 }
 
 /// One crash round in shadow mode: a fresh store with node size `ns`, `pre` applied, then a
@@ -179,6 +214,20 @@ pub fn crash_round(
     ops: &[Op],
     fence: u64,
     copts: CrashOptions,
+) -> Option<numakv_index::RecoveryReport> {
+    crash_round_with(mode, ns, pre, ops, fence, copts, RecoveryMode::default())
+}
+
+/// [`crash_round`] with the given recovery mode. A lazy round reads the whole tree while the
+/// background recovery runs, before `check()` waits for it.
+pub fn crash_round_with(
+    mode: PersistMode,
+    ns: usize,
+    pre: &[Op],
+    ops: &[Op],
+    fence: u64,
+    copts: CrashOptions,
+    recovery: RecoveryMode,
 ) -> Option<numakv_index::RecoveryReport> {
     let d = tempfile::tempdir().unwrap();
     let t = create(d.path(), mode, SimMode::Shadow, ns);
@@ -204,8 +253,10 @@ pub fn crash_round(
     }
     drop(t);
     drop(pool);
-    let (t, rep) = reopen(d.path(), SimMode::Shadow);
+    let (t, rep) = reopen_with(d.path(), SimMode::Shadow, recovery);
     assert!(!rep.was_clean);
+    check_contents(&t, &model, pending);
+    let rep = full_report(&t, rep);
     verify_recovered(&t, &model, pending);
     // The recovered tree keeps working.
     let mut model = contents(&t);
