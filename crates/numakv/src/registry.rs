@@ -264,6 +264,11 @@ impl EngineConfig for FastFairOptions {
             key: "nsm_mode",
             help: "where tree nodes are placed: local | round-robin | node:N",
         },
+        OptionKey {
+            key: "recovery",
+            help: "open after a crash: lazy (instant: repair and garbage-collect in the \
+                   background) | eager (walk and repair the whole tree before open returns)",
+        },
     ];
 
     fn wrap(self) -> EngineOptions {
@@ -297,13 +302,20 @@ impl EngineConfig for FastFairOptions {
             "nsm_mode" => {
                 self.nsm_mode = value.parse::<NsmMode>().map_err(|e| format!("nsm_mode: {e}"))?;
             }
+            "recovery" => {
+                self.recovery = value.parse().map_err(|e| format!("recovery: {e}"))?;
+            }
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
         Ok(())
     }
 
     fn values(&self) -> Vec<(&'static str, String)> {
-        vec![("node_size", self.node_size.to_string()), ("nsm_mode", self.nsm_mode.to_string())]
+        vec![
+            ("node_size", self.node_size.to_string()),
+            ("nsm_mode", self.nsm_mode.to_string()),
+            ("recovery", self.recovery.to_string()),
+        ]
     }
 }
 
@@ -342,12 +354,15 @@ mod tests {
         let mut o = EngineKind::FastFair.default_options();
         assert!(matches!(o.set("node_size", "big"), Err(Error::BadEngineOption { .. })));
         assert!(matches!(o.set("nsm_mode", "everywhere"), Err(Error::BadEngineOption { .. })));
+        assert!(matches!(o.set("recovery", "later"), Err(Error::BadEngineOption { .. })));
         let err = o.set("nope", "1").unwrap_err().to_string();
         assert!(err.contains("node_size") && err.contains("nsm_mode"), "{err}");
         o.set("nsm_mode", "node:1").unwrap();
         o.set("node_size", "1K").unwrap();
+        o.set("recovery", "eager").unwrap();
         let EngineOptions::FastFair(ff) = o;
         assert_eq!(ff.nsm_mode, NsmMode::Node(1));
         assert_eq!(ff.node_size, 1024);
+        assert_eq!(ff.recovery, numakv_fastfair::RecoveryMode::Eager);
     }
 }
