@@ -340,6 +340,15 @@ struct Marks {
     large: BTreeMap<PPtr, (u64, bool)>,
 }
 
+impl Marks {
+    /// Whether `p` lies inside one of the extents held here.
+    fn holds_address(&self, nsm: &Nsm, p: PPtr) -> bool {
+        nsm.pool.page_info(p).is_some_and(|i| {
+            self.pages.contains_key(&i.extent) || self.large.contains_key(&i.extent)
+        })
+    }
+}
+
 /// Marks of one small-block page.
 struct PageMarks {
     class: usize,
@@ -871,8 +880,9 @@ impl Nsm {
     /// Marks every reachable block of `marks`' extents; returns how many distinct blocks were
     /// marked. A pointer that is not an NSM block start is `Corrupted`; one of an extent that
     /// `marks` does not hold is `Corrupted` when `strict`, else skipped (a deferred collection
-    /// only sweeps the extents frozen at open; later ones are tracked exactly). Changes nothing
-    /// but `marks`.
+    /// only sweeps the extents frozen at open; later ones are tracked exactly — a block the
+    /// concurrent walk reached may even have been freed since, with its large extent, which is
+    /// why only pointers into held extents must be blocks then). Changes nothing but `marks`.
     fn mark(
         &self,
         marks: &mut Marks,
@@ -881,12 +891,18 @@ impl Nsm {
     ) -> Result<u64> {
         let mut count = 0;
         for p in reachable {
-            let block = self.classify(p).map_err(|e| match e {
-                PoolError::BadPointer { why, .. } => PoolError::corrupted(format!(
-                    "reachable pointer {p} is not an NSM block: {why}"
-                )),
-                other => other,
-            })?;
+            let block = match self.classify(p) {
+                Ok(b) => b,
+                Err(PoolError::BadPointer { .. }) if !strict && !marks.holds_address(self, p) => {
+                    continue
+                }
+                Err(PoolError::BadPointer { why, .. }) => {
+                    return Err(PoolError::corrupted(format!(
+                        "reachable pointer {p} is not an NSM block: {why}"
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
             let not_indexed =
                 || PoolError::corrupted(format!("{p}: NSM extent missing from the heap index"));
             let fresh = match block {
