@@ -305,9 +305,13 @@ impl Index for FastFair {
     }
 
     /// Waits for a pending background recovery first (so the tree is fully repaired and the
-    /// allocator exact), then checks; a failed background recovery is reported as its error.
+    /// allocator exact), then checks the tree and NSM's free lists ("nsm free lists": no block
+    /// freed twice); a failed background recovery is reported as its error.
     fn check(&self) -> Result<CheckReport> {
         self.wait_recovery()?;
+        self.nsm
+            .check_free_lists()
+            .map_err(|e| Error::corrupted(layout::ENGINE, format!("nsm free lists: {e}")))?;
         self.check_tree()
     }
 }

@@ -818,6 +818,51 @@ impl Nsm {
         out
     }
 
+    /// Checks the volatile free state: every block on a free list, in a depot or held back by
+    /// a deferred collection is an NSM block start, appears once (a block there twice was
+    /// freed twice and would be handed out twice), and lies in no fresh page's uncut rest.
+    /// Quiescent, like [`Nsm::allocated_blocks`].
+    ///
+    /// # Errors
+    /// `Corrupted` naming the first offending block.
+    pub fn check_free_lists(&self) -> Result<()> {
+        let deferred = self.deferred.lock();
+        let caches: Vec<_> = self.caches.iter().map(|c| c.lock()).collect();
+        let depots: Vec<_> = self.depots.iter().flat_map(|d| d.iter().map(|m| m.lock())).collect();
+        let mut fresh: HashMap<PPtr, u64> = HashMap::new();
+        // (block, held back by a deferred collection: may be a large block)
+        let mut free: Vec<(PPtr, bool)> = Vec::new();
+        for cache in &caches {
+            for slab in &cache.slabs {
+                free.extend(slab.free.iter().flatten().map(|&p| (p, false)));
+                fresh.extend(slab.fresh.iter().flatten().map(|f| (f.base, f.next)));
+            }
+        }
+        for d in &depots {
+            free.extend(d.iter().map(|&p| (p, false)));
+        }
+        free.extend(deferred.iter().flat_map(|d| d.freed.iter().map(|&p| (p, true))));
+        let mut seen = HashSet::with_capacity(free.len());
+        for (p, held) in free {
+            let bad = |why: &str| Err(PoolError::corrupted(format!("free NSM block {p}: {why}")));
+            if !seen.insert(p) {
+                return bad("free twice (double free)");
+            }
+            match self.classify(p) {
+                Ok(Block::Small { class, page }) => {
+                    let i = (p.offset() - page.offset()) / self.classes[class];
+                    if fresh.get(&page).is_some_and(|&next| i >= next) {
+                        return bad("not yet cut from its fresh page");
+                    }
+                }
+                Ok(Block::Large) if held => {}
+                Ok(Block::Large) => return bad("a large block on a small free list"),
+                Err(e) => return bad(&e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
     /// Pages per node and bytes handed out (see [`NsmStats`]). While a deferred collection is
     /// pending, every block of a frozen extent counts as handed out.
     pub fn stats(&self) -> NsmStats {
