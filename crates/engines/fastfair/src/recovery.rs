@@ -228,6 +228,9 @@ fn start(tree: &FastFair) -> Result<()> {
 
 /// Joins a running pass and records its outcome.
 fn finish(state: &mut Background, tree: &FastFair) {
+    if !matches!(state, Background::Running { .. }) {
+        return;
+    }
     if let Background::Running { handle, .. } = std::mem::take(state) {
         *state = match handle.join() {
             Ok(Ok(Some(report))) => Background::Done(report),

@@ -33,6 +33,14 @@ pub fn create(dir: &Path, mode: PersistMode, sim: SimMode, node_size: usize) -> 
     FastFair::create(pool, &opts(node_size)).unwrap()
 }
 
+/// A store in `dir` of `capacity` bytes (small ones are cheap to copy and to close).
+pub fn create_small(dir: &Path, sim: SimMode, node_size: usize, capacity: u64) -> FastFair {
+    let mut cfg = pool_cfg(PersistMode::Adr, sim);
+    cfg.capacity_per_node = capacity;
+    let pool = Pool::create(dir, cfg).unwrap();
+    FastFair::create(pool, &opts(node_size)).unwrap()
+}
+
 /// Reopens the store in `dir` (recovery included, lazy: the default).
 pub fn reopen(dir: &Path, sim: SimMode) -> (FastFair, numakv_index::RecoveryReport) {
     reopen_with(dir, sim, RecoveryMode::default())
@@ -283,4 +291,80 @@ pub fn vk(k: u64) -> u64 {
 /// Scaled op count.
 pub fn scaled(n: usize) -> usize {
     n * numakv_pmem::crash::test_scale()
+}
+
+/// Scrambled key number `i` in `1..=space`-ish (spreads splits over the whole tree).
+pub fn scrambled(i: u64) -> u64 {
+    1 + i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % 1_000_000_007
+}
+
+/// A store in `dir` (ADR, shadow) that crashed in the middle of a mixed workload after
+/// `keys` inserts and a wave of removes (merges: retired nodes), so that it holds garbage
+/// blocks and, often, interrupted shifts, splits or merges. Returns the acknowledged contents
+/// and the operation the crash interrupted (`None` if it fell between operations).
+pub fn crashed_store(
+    dir: &Path,
+    ns: usize,
+    seed: u64,
+    keys: u64,
+) -> (BTreeMap<u64, u64>, Option<Op>) {
+    let t = create(dir, PersistMode::Adr, SimMode::Shadow, ns);
+    let mut rng = Rng(seed | 1);
+    let mut model = BTreeMap::new();
+    for i in 0..keys {
+        let op = Op::Insert(scrambled(i), rng.next());
+        tree_apply(&t, &model, op);
+        model_apply(&mut model, op);
+    }
+    for i in 0..keys {
+        if rng.below(3) > 0 {
+            let op = Op::Remove(scrambled(i));
+            tree_apply(&t, &model, op);
+            model_apply(&mut model, op);
+        }
+    }
+    let pool = Arc::clone(numakv_index::Engine::pool(&t));
+    pool.crash_after_fences(1 + rng.below(3_000), CrashOptions::random(seed)).unwrap();
+    let mut pending = None;
+    while !pool.has_crashed() {
+        let op = random_op(&mut rng, keys * 2, 5);
+        let op = match op {
+            Op::Insert(k, v) => Op::Insert(scrambled(k), v),
+            Op::Upsert(k, v) => Op::Upsert(scrambled(k), v),
+            Op::Update(k, v) => Op::Update(scrambled(k), v),
+            Op::Remove(k) => Op::Remove(scrambled(k)),
+        };
+        tree_apply(&t, &model, op);
+        if pool.has_crashed() {
+            pending = Some(op);
+            break;
+        }
+        model_apply(&mut model, op);
+    }
+    (model, pending)
+}
+
+/// Resolves the interrupted operation by looking at the recovered tree: the model it is in.
+pub fn resolve(t: &FastFair, model: &mut BTreeMap<u64, u64>, pending: Option<Op>) {
+    let Some(op) = pending else { return };
+    let k = op.key();
+    let got = t.get(k).unwrap();
+    let mut after = model.clone();
+    model_apply(&mut after, op);
+    if got == after.get(&k).copied() {
+        *model = after;
+    } else {
+        assert_eq!(got, model.get(&k).copied(), "{op:?} neither applied nor absent");
+    }
+}
+
+/// A scratch directory, in `/dev/shm` when it exists (memory-backed, like PM: copying and
+/// syncing sparse node files costs no disk I/O).
+pub fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
 }
