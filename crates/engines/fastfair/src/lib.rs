@@ -83,7 +83,8 @@ impl Default for FastFairOptions {
 pub enum RecoveryMode {
     /// Instant recovery: `open()` does O(1) work (format word, root, NSM's extent table) and a
     /// background thread collects unreachable blocks, repairs nodes and links orphans while the
-    /// tree serves operations. [`Index::check`] waits for it; `close()` cancels it.
+    /// tree serves operations. [`Index::check`] and `close()` wait for it; dropping the tree
+    /// cancels it.
     #[default]
     Lazy,
     /// `open()` walks the whole tree, collects, repairs and links orphans before returning.
@@ -223,7 +224,8 @@ impl FastFair {
     ///
     /// # Errors
     /// What the background pass failed with (e.g. `Corrupted` when the walk found a broken
-    /// node), described again on every call.
+    /// node), described again on every call; `Unsupported` when called from a thread pinned in
+    /// the epoch while the pass runs (the pass waits for such pins: it would never finish).
     pub fn wait_recovery(&self) -> Result<Option<RecoveryReport>> {
         recovery::wait(self)
     }
@@ -236,8 +238,8 @@ impl FastFair {
 
 impl Drop for FastFair {
     fn drop(&mut self) {
-        // An unclean shutdown: the background work stops; the next open starts it over.
-        recovery::stop(self);
+        // An unclean shutdown: the background work is cancelled; the next open starts it over.
+        recovery::stop(self, false);
     }
 }
 
@@ -353,9 +355,11 @@ impl Engine for FastFair {
         recovery::open(pool, opts)
     }
 
-    /// Cancels a pending background recovery (the next open starts it over), then closes.
+    /// Lets a pending background recovery finish (so that a cleanly closed store is collected
+    /// and repaired; from a thread pinned in the epoch it is cancelled instead, and the next open
+    /// starts it over), then closes.
     fn close(self) -> Result<()> {
-        recovery::stop(&self);
+        recovery::stop(&self, true);
         self.pool.close()?;
         Ok(())
     }

@@ -208,7 +208,7 @@ pub(crate) enum Background {
     Done(RecoveryReport),
     /// Failed; the error as text (reported by every later `wait`).
     Failed(String),
-    /// Cancelled by close or drop.
+    /// Cancelled by drop (or by a close from a pinned thread).
     Cancelled,
 }
 
@@ -247,6 +247,14 @@ fn finish(state: &mut Background, tree: &FastFair) {
 /// [`FastFair::wait_recovery`].
 pub(crate) fn wait(tree: &FastFair) -> Result<Option<RecoveryReport>> {
     let mut state = tree.background.lock().unwrap_or_else(|e| e.into_inner());
+    if matches!(&*state, Background::Running { handle, .. } if !handle.is_finished())
+        && epoch::is_pinned()
+    {
+        // The pass waits for every pin older than its collection: it would wait for us.
+        return Err(Error::Unsupported(
+            "waiting for the background recovery from a thread pinned in the epoch".into(),
+        ));
+    }
     finish(&mut state, tree);
     match &*state {
         Background::Idle => Ok(None),
@@ -266,13 +274,17 @@ pub(crate) fn pending(tree: &FastFair) -> bool {
     matches!(&*state, Background::Running { handle, .. } if !handle.is_finished())
 }
 
-/// Cancels a running pass and waits for its thread (close and drop).
-pub(crate) fn stop(tree: &FastFair) {
+/// Ends a running pass and waits for its thread: lets it finish (`close()`, so that a cleanly
+/// closed store is collected and repaired) or cancels it (drop; and close from a thread pinned in
+/// the epoch, which the pass would wait for).
+pub(crate) fn stop(tree: &FastFair, finish_it: bool) {
     let mut state = tree.background.lock().unwrap_or_else(|e| e.into_inner());
     if let Background::Running { cancel, .. } = &*state {
-        // ORDERING: Relaxed; the flag only ends the pass early, and the join below orders
-        // everything the thread did before this thread goes on.
-        cancel.store(true, Ordering::Relaxed);
+        if !finish_it || epoch::is_pinned() {
+            // ORDERING: Relaxed; the flag only ends the pass early, and the join below orders
+            // everything the thread did before this thread goes on.
+            cancel.store(true, Ordering::Relaxed);
+        }
     }
     finish(&mut state, tree);
 }

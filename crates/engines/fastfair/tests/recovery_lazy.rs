@@ -1,7 +1,8 @@
 //! Lazy (instant) recovery against eager recovery on the same crashed image: `open()` returns
 //! before any walk, readers and writers work at once, and once the background pass is done the
-//! tree, the NSM collection and every recovery counter equal the eager result. Closing or
-//! dropping a store while its background recovery runs leaves a store the next open finishes.
+//! tree, the NSM collection and every recovery counter equal the eager result. Closing a store
+//! while its background recovery runs lets it finish; dropping it cancels it, and the next open
+//! starts over. Waiting for the pass from a pinned thread is refused instead of deadlocking.
 
 mod common;
 
@@ -79,9 +80,9 @@ fn close_or_drop_during_the_background_recovery_leaves_a_recoverable_store() {
             model.insert(k, i);
         }
         if seed % 2 == 0 {
-            t.close().unwrap(); // cancels the pass; the store is clean but not collected
+            t.close().unwrap(); // lets the pass finish, then closes
         } else {
-            drop(t); // a power failure while the pass runs
+            drop(t); // a power failure while the pass runs: it is cancelled
         }
         let (t, rep) = reopen_with(d.path(), SimMode::Shadow, RecoveryMode::Lazy);
         assert_eq!(rep.was_clean, seed % 2 == 0);
@@ -89,4 +90,22 @@ fn close_or_drop_during_the_background_recovery_leaves_a_recoverable_store() {
         verify_recovered(&t, &model, None);
         t.close().unwrap();
     }
+}
+
+#[test]
+fn waiting_from_a_pinned_thread_is_refused_and_close_then_cancels() {
+    let d = common::scratch();
+    let (model, pending) = crashed_store(d.path(), 256, 77, 4_000);
+    let guard = numakv_pmem::alloc::epoch::pin(); // holds the collection back
+    let (t, _) = reopen_with(d.path(), SimMode::Shadow, RecoveryMode::Lazy);
+    assert!(t.recovery_pending());
+    let err = t.check().unwrap_err();
+    assert!(matches!(err, numakv_index::Error::Unsupported(_)), "{err}");
+    check_contents(&t, &model, pending);
+    t.close().unwrap(); // cancels: waiting would deadlock
+    drop(guard);
+    let (t, _) = reopen_with(d.path(), SimMode::Shadow, RecoveryMode::Lazy);
+    let mut model = model;
+    common::resolve(&t, &mut model, pending);
+    verify_recovered(&t, &model, None);
 }
