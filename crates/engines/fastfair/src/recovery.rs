@@ -321,6 +321,7 @@ impl FastFair {
         let c = &self.counters;
         vec![
             ("nodes", nodes),
+            // ORDERING: Relaxed, all: statistics (shared with the writers, which repair too).
             ("ranges_fixed", c.ranges_fixed.load(Ordering::Relaxed)),
             ("slots_repaired", c.repairs.load(Ordering::Relaxed)),
             ("orphans_linked", c.orphans_linked.load(Ordering::Relaxed)),
@@ -547,6 +548,7 @@ impl FastFair {
             let pn = pg.node();
             if pn.low() == low {
                 // `o` would be pn's leftmost child (a parent split moved its entry there).
+                // ORDERING: Acquire, as in `leftmost` (pn is locked: it cannot change anyway).
                 return if PPtr::from_raw(pn.hdr.leftmost.load(Ordering::Acquire)) == o {
                     Ok(false)
                 } else {
