@@ -2,8 +2,9 @@
 //! PM access accounting, DRAM reference peers, reports (table, JSON, CSV), SVG plots, the papers'
 //! workloads as presets, and scaled-down reproductions of their tables and figures.
 //!
-//! The `numakv` binary wires this library to `numakv bench` and `numakv repro`; engines come in
-//! as [`Target`]s built by the facade, next to the DRAM [`peers`].
+//! The `numakv` binary wires this library to `numakv bench` and `numakv repro`; the engines come
+//! in as [`Target`]s built through the `numakv` facade ([`engines`]), next to the DRAM
+//! [`peers`]; [`engines::available`] lists both.
 //!
 //! ```
 //! use numakv_bench::{peers, presets, run, target, BenchConfig, Progress};
@@ -26,12 +27,15 @@
 #![warn(missing_docs)]
 
 pub mod dist;
+pub mod engines;
 mod error;
 pub mod peers;
 pub mod plot;
 pub mod presets;
 pub mod report;
 pub mod repro;
+mod repro_nobtree;
+pub mod repro_nstore;
 pub mod runner;
 pub mod target;
 pub mod workload;
@@ -39,6 +43,9 @@ pub mod workload;
 pub use dist::Dist;
 pub use error::{BenchError, Result};
 pub use report::{Report, RunFailure, RunResult};
-pub use runner::{run, run_workloads, write_outputs, BenchConfig, Progress};
+pub use runner::{default_scratch, run, run_workloads, write_outputs, BenchConfig, Progress};
 pub use target::{Reopen, Target, TargetEnv, TargetInstance};
 pub use workload::{KeyOrder, Mix, MixOrder, OpKind, ScanLen, Workload};
+
+pub use numakv_numa::Placement;
+pub use numakv_pmem::{LatencyModel, PersistMode};

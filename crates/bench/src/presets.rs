@@ -68,6 +68,12 @@ pub const PRESETS: &[PresetInfo] = &[
     p("ycsb-f", YCSB, "50% read, 50% read-modify-write, zipfian"),
 ];
 
+/// The workloads of `numakv bench` without `--workload`: a read-mostly and a write-heavy mix,
+/// so one run shows both sides of a PM index — YCSB B (95% read, 5% update, zipfian) and
+/// papers/nobtree.txt's write-heavy (50% lookup, 50% insert of new random keys), which makes
+/// the trees shift, split and allocate.
+pub const DEFAULT_COMPARISON: &str = "ycsb-b,nobtree-write-heavy";
+
 /// Every preset's name.
 pub fn names() -> Vec<&'static str> {
     PRESETS.iter().map(|p| p.name).collect()
@@ -134,7 +140,7 @@ pub fn by_name(name: &str) -> Result<Workload> {
         // warm-up plus measured deletes must not exceed the keys (the default leaves room for
         // the default 10% warm-up).
         "nstore-delete100" => {
-            let mut d = w(Mix::only(Remove)).with_dist(Dist::Sequential);
+            let mut d = w(Mix::only(Remove)).with_dist(Dist::Sequential).consuming_keys();
             d.default_ops = d.default_keys * 9 / 10;
             d
         }

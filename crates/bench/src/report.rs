@@ -78,6 +78,10 @@ pub struct RunResult {
     pub recover_ms: Option<f64>,
     /// The seed of the run.
     pub seed: u64,
+    /// The engine's own counters after the run (splits, merges, switches, GC runs, ...), from
+    /// `Index::stats`; JSON only (the CSV has fixed columns).
+    #[serde(default)]
+    pub counters: std::collections::BTreeMap<String, u64>,
 }
 
 /// A run that did not produce a result.
@@ -362,7 +366,9 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&sample().to_json().unwrap()).unwrap();
         let run = v["runs"][0].as_object().unwrap();
         let keys: Vec<&str> = run.keys().map(String::as_str).collect();
+        // Every CSV column, plus the engine counters (JSON only).
         let mut sorted_cols = COLUMNS.to_vec();
+        sorted_cols.push("counters");
         sorted_cols.sort_unstable();
         // serde_json's map is sorted without the preserve_order feature: compare as sets.
         assert_eq!(keys, sorted_cols);

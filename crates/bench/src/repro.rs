@@ -6,8 +6,12 @@
 //!   update, delete and search, for every engine.
 //! - `space`: bytes per key after a load (papers/nobtree.txt Table I, papers/nbtree.txt
 //!   Table IV).
+//! - `nobtree-remote`, `nobtree-migration`: papers/nobtree.txt Fig. 9 and §III-D (in
+//!   `repro_nobtree.rs`).
 //! - `recovery`: time to reopen after a crash versus key count (papers/nbtree.txt §VI-C,
 //!   papers/nstore.txt §V-G, papers/nap.txt §6.7 Table 2).
+//! - `nstore-raf`, `nstore-recovery`, `nstore-gc`: NStore's cache, recovery and GC figures
+//!   (papers/nstore.txt Figs. 10–11, 16, 15), in [`crate::repro_nstore`].
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -47,6 +51,32 @@ pub const REPROS: &[ReproInfo] = &[
         source: "papers/nobtree.txt §V-F Table I; papers/nbtree.txt §VI-C Table IV",
     },
     ReproInfo {
+        name: "nobtree-remote",
+        title:
+            "remote PM line reads per operation, nobtree beside fastfair (read-only, write-heavy)",
+        source: "papers/nobtree.txt §V-C Fig. 9",
+    },
+    ReproInfo {
+        name: "nobtree-migration",
+        title: "per-thread hot keys on remote leaves: remote share and throughput over time",
+        source: "papers/nobtree.txt §III-D",
+    },
+    ReproInfo {
+        name: "nstore-raf",
+        title: "NStore get100 at Zipfian 0.99 with Optane latencies: RAF vs plain LFU vs no cache",
+        source: "papers/nstore.txt §V-C/D/F Figs. 10-11",
+    },
+    ReproInfo {
+        name: "nstore-recovery",
+        title: "NStore recovery time by key count and recovery threads",
+        source: "papers/nstore.txt §V-G Fig. 16",
+    },
+    ReproInfo {
+        name: "nstore-gc",
+        title: "NStore PM space and write throughput after updating 75% of keys, by gc_threshold",
+        source: "papers/nstore.txt §V-F Fig. 15(a)",
+    },
+    ReproInfo {
         name: "recovery",
         title: "recovery time after a crash versus key count",
         source:
@@ -75,7 +105,7 @@ pub struct ReproOptions {
     pub seed: u64,
     /// No progress bars.
     pub quiet: bool,
-    /// Where stores are created (default: the system temp directory).
+    /// Where stores are created (default: [`crate::default_scratch`]).
     pub scratch: Option<PathBuf>,
 }
 
@@ -126,6 +156,11 @@ pub fn run(
         "pm-lines" => pm_lines(targets, opts, progress)?,
         "space" => space(targets, opts, progress)?,
         "recovery" => recovery(targets, opts, progress)?,
+        "nobtree-remote" => crate::repro_nobtree::remote(targets, opts, progress)?,
+        "nobtree-migration" => crate::repro_nobtree::migration(opts)?,
+        "nstore-raf" => crate::repro_nstore::raf(targets, opts, progress)?,
+        "nstore-recovery" => crate::repro_nstore::recovery(targets, opts, progress)?,
+        "nstore-gc" => crate::repro_nstore::gc(targets, opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,
@@ -142,11 +177,11 @@ pub fn run(
     Ok(ReproOutput { name, markdown, report, files })
 }
 
-fn scaled(base: u64, scale: f64, min: u64) -> u64 {
+pub(crate) fn scaled(base: u64, scale: f64, min: u64) -> u64 {
     ((base as f64 * scale) as u64).max(min)
 }
 
-fn base_config(opts: &ReproOptions) -> BenchConfig {
+pub(crate) fn base_config(opts: &ReproOptions) -> BenchConfig {
     BenchConfig {
         threads: vec![1],
         nodes: opts.nodes,
@@ -161,7 +196,7 @@ fn base_config(opts: &ReproOptions) -> BenchConfig {
     }
 }
 
-fn failures_md(report: &Report, md: &mut String) {
+pub(crate) fn failures_md(report: &Report, md: &mut String) {
     if report.failures.is_empty() {
         return;
     }
@@ -171,7 +206,7 @@ fn failures_md(report: &Report, md: &mut String) {
     }
 }
 
-fn header(md: &mut String, name: &str, opts: &ReproOptions, setup: &str) {
+pub(crate) fn header(md: &mut String, name: &str, opts: &ReproOptions, setup: &str) {
     let info = REPROS.iter().find(|r| r.name == name);
     let _ = writeln!(md, "# `numakv repro {name}`: {}\n", info.map_or("", |i| i.title));
     let _ = writeln!(md, "Reproduces {}.\n", info.map_or("", |i| i.source));

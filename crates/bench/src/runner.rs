@@ -82,7 +82,8 @@ mod opt_as_string {
 pub struct BenchConfig {
     /// `--engines a,b|all`: target names (resolved by [`crate::target::resolve`]).
     pub engines: Vec<String>,
-    /// `--workload NAME[,NAME...]`: preset names ([`presets::by_name`]).
+    /// `--workload NAME[,NAME...]`: preset names ([`presets::by_name`]); default
+    /// [`presets::DEFAULT_COMPARISON`].
     pub workload: String,
     /// `--keys N`: keys loaded before the run (default: the preset's).
     pub keys: Option<u64>,
@@ -90,6 +91,10 @@ pub struct BenchConfig {
     pub ops: Option<u64>,
     /// `--duration SECONDS`: run for a time instead of an operation count.
     pub duration: Option<f64>,
+    /// `--budget SECONDS`: measured time spread evenly over all runs, so a comparison of many
+    /// targets takes a known time (each run lasts `budget / runs`, clamped to
+    /// [`BUDGET_RUN_SECONDS`]). Ignored when `ops` or `duration` is set.
+    pub budget: Option<f64>,
     /// `--threads 1,2,4`: worker thread counts, one run each.
     pub threads: Vec<usize>,
     /// `--nodes K`: NUMA nodes, emulated if the machine has fewer.
@@ -127,7 +132,7 @@ pub struct BenchConfig {
     pub pin: Option<bool>,
     /// `--load-threads N`: loader threads (default: the run's thread count).
     pub load_threads: Option<usize>,
-    /// `--scratch DIR`: where stores are created (default: the system temp directory).
+    /// `--scratch DIR`: where stores are created (default: [`default_scratch`]).
     pub scratch: Option<PathBuf>,
     /// `--json PATH`.
     pub json: Option<PathBuf>,
@@ -145,10 +150,11 @@ impl Default for BenchConfig {
     fn default() -> BenchConfig {
         BenchConfig {
             engines: vec!["all".into()],
-            workload: "ycsb-a".into(),
+            workload: presets::DEFAULT_COMPARISON.into(),
             keys: None,
             ops: None,
             duration: None,
+            budget: None,
             threads: vec![1, 2],
             nodes: 2,
             placement: Placement::Fill,
@@ -227,10 +233,30 @@ impl BenchConfig {
                 return bad(format!("--duration {d} must be positive"));
             }
         }
+        if let Some(b) = self.budget {
+            if !(b > 0.0 && b.is_finite()) {
+                return bad(format!("--budget {b} must be positive"));
+            }
+        }
         if self.load_threads == Some(0) {
             return bad("--load-threads must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+/// The shortest and longest measured run, in seconds, that [`BenchConfig::budget`] gives.
+pub const BUDGET_RUN_SECONDS: (f64, f64) = (0.25, 5.0);
+
+/// Where stores are created without `--scratch`: `/dev/shm` when it exists and is writable
+/// (memory, as PM would be; a disk-backed temp directory adds page write-back noise), else the
+/// system temp directory.
+pub fn default_scratch() -> PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() && tempfile::tempdir_in(shm).is_ok() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
     }
 }
 
@@ -333,8 +359,16 @@ pub fn run_workloads(
     for w in workloads {
         w.validate()?;
     }
-    let ui = Ui::new(progress, config.quiet);
     let total = (workloads.len() * targets.len() * config.threads.len()) as u64;
+    let timed = workloads.iter().filter(|w| !w.consumes_keys).count() * targets.len();
+    let timed = (timed * config.threads.len()) as u64;
+    let mut config = config.clone();
+    if let (Some(budget), None, None) = (config.budget, config.ops, config.duration) {
+        let (lo, hi) = BUDGET_RUN_SECONDS;
+        config.duration = Some((budget / timed.max(1) as f64).clamp(lo, hi));
+    }
+    let config = &config;
+    let ui = Ui::new(progress, config.quiet);
     let overall = ui.bar(Some(total), "runs".into());
     let mut report = Report::default();
     for w in workloads {
@@ -640,9 +674,19 @@ fn run_one(
     ui: &Ui,
 ) -> Result<RunResult> {
     let keys = config.keys.unwrap_or(workload.default_keys);
-    let total_ops = config.ops.unwrap_or(workload.default_ops);
+    let total_ops = match config.ops {
+        Some(n) => n,
+        // Warm-up and measured operations must not outnumber the keys they use up.
+        None if workload.consumes_keys => {
+            // (Less one per worker: each rounds its warm-up share up.)
+            let room = (keys as f64 / (1.0 + config.warmup)) as u64;
+            let room = room.saturating_sub(threads as u64);
+            workload.default_ops.min(room)
+        }
+        None => workload.default_ops,
+    };
     let plan_for = |share: u64| share.div_ceil(threads as u64);
-    let plan = match config.duration {
+    let plan = match config.duration.filter(|_| !workload.consumes_keys) {
         Some(d) => Plan::Time {
             warm: Duration::from_secs_f64(d * config.warmup),
             measured: Duration::from_secs_f64(d),
@@ -669,7 +713,7 @@ fn run_one(
             None => r,
         }
     };
-    let scratch = config.scratch.clone().unwrap_or_else(std::env::temp_dir);
+    let scratch = config.scratch.clone().unwrap_or_else(default_scratch);
     std::fs::create_dir_all(&scratch).map_err(|e| BenchError::io(&scratch, e))?;
     let dir = tempfile::Builder::new()
         .prefix("numakv-bench-")
@@ -861,6 +905,7 @@ fn run_one(
         reopen_ms,
         recover_ms,
         seed: config.seed,
+        counters: stats.counters.iter().map(|&(k, v)| (k.to_owned(), v)).collect(),
     })
 }
 

@@ -283,6 +283,10 @@ pub struct Workload {
     pub default_keys: u64,
     /// Operations run when the configuration does not say.
     pub default_ops: u64,
+    /// The operations use up the loaded keys (nstore's delete100 removes each key once), so a
+    /// run by time would measure misses once they are gone: such a workload always runs by
+    /// operation count, also under `--duration` and `--budget`.
+    pub consumes_keys: bool,
 }
 
 impl Workload {
@@ -298,6 +302,7 @@ impl Workload {
             preload: true,
             default_keys: 100_000,
             default_ops: 200_000,
+            consumes_keys: false,
         }
     }
 
@@ -316,6 +321,12 @@ impl Workload {
     /// Sets the key order.
     pub fn with_key_order(mut self, order: KeyOrder) -> Workload {
         self.key_order = order;
+        self
+    }
+
+    /// Marks the workload as using up its keys ([`Workload::consumes_keys`]).
+    pub fn consuming_keys(mut self) -> Workload {
+        self.consumes_keys = true;
         self
     }
 

@@ -30,8 +30,9 @@ Exit status:
 #[derive(Debug, Parser)]
 #[command(name = "numakv", version, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// Machine-readable JSON output on stdout (get, scan, inspect, check, put, del, create).
-    #[arg(long, global = true)]
+    /// Machine-readable JSON output on stdout (also accepted after the store commands; for
+    /// `bench` and `repro`, the report as JSON instead of the table).
+    #[arg(long)]
     pub json: bool,
 
     /// The command to run.
@@ -57,6 +58,20 @@ pub enum Command {
     Inspect(DirArgs),
     /// Structural check (fsck) of a store: page heaps and the engine's invariants.
     Check(DirArgs),
+    /// Benchmark engines and DRAM peers on the papers' workloads; with no arguments, a
+    /// comparison of every engine and the DRAM peers on two emulated NUMA nodes (about a minute).
+    #[command(after_long_help = bench_help(), args_override_self = true)]
+    Bench(Box<BenchArgs>),
+    /// Run a scaled-down reproduction of a paper's table or figure (`repro list` lists them).
+    Repro(ReproArgs),
+}
+
+/// `--json` after a store command (the same as before it).
+#[derive(Debug, Args)]
+pub struct JsonFlag {
+    /// Machine-readable JSON output on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `create`.
@@ -84,6 +99,8 @@ pub struct CreateArgs {
     /// Engine option KEY=VALUE (repeatable); see the list below (`create --help`).
     #[arg(short = 'o', long = "opt", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     pub opts: Vec<(String, String)>,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 /// `put`.
@@ -103,6 +120,8 @@ pub struct PutArgs {
     /// Only update: do nothing for an absent key (exit status 1).
     #[arg(long)]
     pub if_present: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 /// `get`, `del`.
@@ -113,6 +132,8 @@ pub struct KeyArgs {
     /// Key, 1..=2^64-2 (decimal or 0x-hex).
     #[arg(value_parser = parse_key, allow_negative_numbers = true)]
     pub key: u64,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 /// `scan`.
@@ -126,6 +147,8 @@ pub struct ScanArgs {
     /// Maximum number of pairs to print.
     #[arg(allow_negative_numbers = true)]
     pub count: usize,
+    #[command(flatten)]
+    pub output: JsonFlag,
 }
 
 /// `inspect`, `check`.
@@ -133,6 +156,139 @@ pub struct ScanArgs {
 pub struct DirArgs {
     /// Store directory.
     pub dir: PathBuf,
+    #[command(flatten)]
+    pub output: JsonFlag,
+}
+
+/// `bench`. Every flag is optional; the defaults are the comparison `numakv bench` runs.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Print the engines, variants, DRAM peers and workload presets, then exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Targets to run, comma-separated (see --list); `default`: every engine with its paper
+    /// defaults and the DRAM peers; `all`: also the engines' variants.
+    #[arg(long, short, value_name = "A,B|default|all", default_value = "default")]
+    pub engines: String,
+    /// Workload presets, comma-separated (see --list).
+    #[arg(long, short, value_name = "NAME[,NAME]", default_value = numakv_bench::presets::DEFAULT_COMPARISON)]
+    pub workload: String,
+    /// Keys loaded before each run [default: the preset's, 100000 for most].
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub keys: Option<u64>,
+    /// Measured operations per run, all threads together (instead of --budget).
+    #[arg(long, value_name = "N", value_parser = parse_count, conflicts_with = "duration")]
+    pub ops: Option<u64>,
+    /// Measured seconds per run (instead of --budget); workloads that use up their keys
+    /// (nstore-delete100) always run by count.
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub duration: Option<f64>,
+    /// Measured seconds spread over all runs (each 0.25-5 s); ignored with --ops or --duration.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_BUDGET, allow_negative_numbers = true)]
+    pub budget: f64,
+    /// Worker thread counts, one run each.
+    #[arg(long, short, value_name = "N[,N]", value_delimiter = ',', default_value = "1,2")]
+    pub threads: Vec<usize>,
+    /// NUMA nodes (emulated when the machine has fewer).
+    #[arg(long, value_name = "K", default_value_t = 2)]
+    pub nodes: usize,
+    /// Worker placement on nodes: fill (node 0 first) or interleave.
+    #[arg(long, value_name = "fill|interleave", default_value = "fill", value_parser = parse_from_str::<numakv_bench::Placement>)]
+    pub placement: numakv_bench::Placement,
+    /// Persistence mode of the engines' stores.
+    #[arg(long, value_name = "adr|eadr", default_value = "adr", value_parser = parse_mode)]
+    pub persist: PersistMode,
+    /// Emulated PM latency during the measured phase.
+    #[arg(long, value_name = "none|optane", default_value = "none", value_parser = parse_from_str::<numakv_bench::LatencyModel>)]
+    pub latency: numakv_bench::LatencyModel,
+    /// Key distribution, overriding the presets' (uniform | zipf:0.99 | latest | ...).
+    #[arg(long, value_name = "DIST", value_parser = parse_from_str::<numakv_bench::Dist>)]
+    pub dist: Option<numakv_bench::Dist>,
+    /// Operation mix, overriding the presets' (e.g. get:50,update:50).
+    #[arg(long, value_name = "OP:W[,OP:W]", value_parser = parse_from_str::<numakv_bench::Mix>)]
+    pub mix: Option<numakv_bench::Mix>,
+    /// Seed of every generator (same seed, same operations).
+    #[arg(long, value_name = "N", default_value_t = 42, value_parser = parse_u64)]
+    pub seed: u64,
+    /// Share of the operations (or time) run before measuring.
+    #[arg(long, value_name = "F", default_value_t = 0.1, allow_negative_numbers = true)]
+    pub warmup: f64,
+    /// Time every N-th operation for the latency percentiles.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub latency_sample: u32,
+    /// Do not count PM lines, flushes and fences (the accounting's own cost goes away).
+    #[arg(long)]
+    pub no_accounting: bool,
+    /// After each run, time a clean close and reopen.
+    #[arg(long)]
+    pub reopen: bool,
+    /// After each run, time a crash and recovery.
+    #[arg(long)]
+    pub crash: bool,
+    /// Run the structural check after each run (and after recovery).
+    #[arg(long)]
+    pub check: bool,
+    /// Pin workers to CPUs [default: only on real multi-node machines].
+    #[arg(long, value_name = "BOOL")]
+    pub pin: Option<bool>,
+    /// Loader threads [default: the run's thread count].
+    #[arg(long, value_name = "N")]
+    pub load_threads: Option<usize>,
+    /// Where stores are created [default: /dev/shm if writable, else the temp directory].
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// Write the runs as JSON to PATH (`--json` before `bench` prints JSON instead).
+    #[arg(long = "json", value_name = "PATH")]
+    pub json_path: Option<PathBuf>,
+    /// Write the runs as CSV to PATH.
+    #[arg(long, value_name = "PATH")]
+    pub csv: Option<PathBuf>,
+    /// Draw throughput against threads to PATH.svg.
+    #[arg(long, value_name = "PATH.svg")]
+    pub plot: Option<PathBuf>,
+    /// Write results.json, results.csv, results.txt and throughput.svg to DIR [default without
+    /// --json/--csv/--plot: numakv-results/bench-<UTC time> under the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// The measured seconds `numakv bench` spreads over its runs by default.
+pub const DEFAULT_BUDGET: f64 = 40.0;
+
+/// `repro`.
+#[derive(Debug, Args)]
+pub struct ReproArgs {
+    /// A reproduction's name, or `list`.
+    #[arg(value_name = "NAME|list")]
+    pub name: String,
+    /// Targets to include, comma-separated; `default`: every engine with its paper defaults and
+    /// the DRAM peers; `all`: also the engines' variants.
+    #[arg(long, short, value_name = "A,B|default|all", default_value = "default")]
+    pub engines: String,
+    /// Where NAME.md, NAME.json and plots go [default: numakv-results/repro-NAME-<UTC time>].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Multiplies the default sizes (1 = seconds per engine).
+    #[arg(long, value_name = "F", default_value_t = 1.0, allow_negative_numbers = true)]
+    pub scale: f64,
+    /// NUMA nodes for `space` and `recovery` (emulated when the machine has fewer).
+    #[arg(long, value_name = "K", default_value_t = 2)]
+    pub nodes: usize,
+    /// Persistence mode of the engines' stores.
+    #[arg(long, value_name = "adr|eadr", default_value = "adr", value_parser = parse_mode)]
+    pub persist: PersistMode,
+    /// Seed of every generator.
+    #[arg(long, value_name = "N", default_value_t = 42, value_parser = parse_u64)]
+    pub seed: u64,
+    /// Where stores are created [default: /dev/shm if writable, else the temp directory].
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// Parses a u64, decimal or `0x`-hex, `_` separators allowed.
@@ -150,6 +306,30 @@ pub fn parse_key(s: &str) -> Result<u64, String> {
     let key = parse_u64(s)?;
     numakv::check_key(key).map_err(|e| e.to_string())?;
     Ok(key)
+}
+
+/// Parses a count: a u64 with optional `_` separators and a K/M/G (×1000) suffix.
+pub fn parse_count(s: &str) -> Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1_000),
+        Some((i, 'm' | 'M')) => (&t[..i], 1_000_000),
+        Some((i, 'g' | 'G')) => (&t[..i], 1_000_000_000),
+        _ => (t.as_str(), 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a count (e.g. 100000, 100K, 2M)"))
+}
+
+fn parse_from_str<T>(s: &str) -> Result<T, String>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| e.to_string())
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -192,6 +372,19 @@ fn engine_options_help() -> String {
     s
 }
 
+fn bench_help() -> String {
+    format!(
+        "Examples:\n  \
+         numakv bench                                  # every engine + peers, default workloads, ~1 min\n  \
+         numakv bench --list                           # targets and workload presets\n  \
+         numakv bench -e fastfair,rwlock-btreemap -w ycsb-a --threads 1,2,4 --ops 1M\n  \
+         numakv bench -w nstore-put100 --persist eadr --latency optane --out results\n\n\
+         Distributions (--dist): {}\n\
+         Operations (--mix): get, insert, upsert, update, remove, scan, rmw",
+        numakv_bench::Dist::SYNTAX
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +408,11 @@ mod tests {
         assert_eq!(parse_key("18446744073709551614"), Ok(u64::MAX - 1));
         assert_eq!(parse_key_value("a=b=c"), Ok(("a".into(), "b=c".into())));
         assert!(parse_key_value("ab").is_err());
+        assert_eq!(parse_count("100K"), Ok(100_000));
+        assert_eq!(parse_count("2m"), Ok(2_000_000));
+        assert_eq!(parse_count("1_000"), Ok(1_000));
+        assert!(parse_count("1.5M").is_err());
+        assert!(parse_count("99999999999G").is_err());
     }
 
     #[test]

@@ -7,22 +7,25 @@ use std::path::Path;
 use numakv::{Options, Store};
 use serde_json::json;
 
-use crate::args::{Cli, Command, CreateArgs, KeyArgs, PutArgs, ScanArgs};
+use crate::args::{Cli, Command, CreateArgs, JsonFlag, KeyArgs, PutArgs, ScanArgs};
 use crate::output;
 use crate::{CliError, Exit};
 
 /// Runs the parsed command line. Results go to `out`; notes (e.g. "store was recovered") to
 /// `err`. Failures come back as [`CliError`] for the caller to print and map to an exit status.
 pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Exit, CliError> {
-    let json = cli.json;
+    // `--json` before the subcommand, or after a store command.
+    let json = |flag: &JsonFlag| cli.json || flag.json;
     match &cli.command {
-        Command::Create(a) => create(a, json, out),
-        Command::Put(a) => with_store(&a.dir, err, |s, _| put(s, a, json, out)),
-        Command::Get(a) => with_store(&a.dir, err, |s, err| get(s, a, json, out, err)),
-        Command::Del(a) => with_store(&a.dir, err, |s, err| del(s, a, json, out, err)),
-        Command::Scan(a) => with_store(&a.dir, err, |s, _| scan(s, a, json, out)),
-        Command::Inspect(a) => with_store(&a.dir, err, |s, _| inspect(s, json, out)),
-        Command::Check(a) => with_store(&a.dir, err, |s, _| check(s, json, out)),
+        Command::Create(a) => create(a, json(&a.output), out),
+        Command::Put(a) => with_store(&a.dir, err, |s, _| put(s, a, json(&a.output), out)),
+        Command::Get(a) => with_store(&a.dir, err, |s, err| get(s, a, json(&a.output), out, err)),
+        Command::Del(a) => with_store(&a.dir, err, |s, err| del(s, a, json(&a.output), out, err)),
+        Command::Scan(a) => with_store(&a.dir, err, |s, _| scan(s, a, json(&a.output), out)),
+        Command::Inspect(a) => with_store(&a.dir, err, |s, _| inspect(s, json(&a.output), out)),
+        Command::Check(a) => with_store(&a.dir, err, |s, _| check(s, json(&a.output), out)),
+        Command::Bench(a) => crate::bench::bench(a, cli.json, out, err),
+        Command::Repro(a) => crate::bench::repro(a, cli.json, out, err),
     }
 }
 
@@ -222,7 +225,7 @@ fn inspect(store: &Store, json: bool, out: &mut dyn Write) -> Result<Exit, CliEr
 }
 
 fn check(store: &Store, json: bool, out: &mut dyn Write) -> Result<Exit, CliError> {
-    let was_clean = store.recovery().map_or(true, |r| r.was_clean);
+    let was_clean = store.recovery().is_none_or(|r| r.was_clean);
     match store.fsck() {
         Ok(r) => {
             if json {

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 pub mod args;
+pub mod bench;
 pub mod commands;
 mod output;
 
@@ -53,6 +54,8 @@ pub enum CliError {
     Usage(String),
     /// The store failed.
     Store(numakv::Error),
+    /// The benchmark driver failed (bad flags, an unknown engine or workload, a write).
+    Bench(numakv_bench::BenchError),
     /// Writing the output failed (other than a closed pipe, which ends the command quietly).
     Output(io::Error),
 }
@@ -64,6 +67,16 @@ impl CliError {
         match self {
             CliError::Usage(_) => Exit::Usage,
             CliError::Output(_) => Exit::Store,
+            CliError::Bench(e) => {
+                use numakv_bench::BenchError as B;
+                match e {
+                    B::Config(_)
+                    | B::UnknownTarget { .. }
+                    | B::UnknownWorkload { .. }
+                    | B::UnknownRepro { .. } => Exit::Usage,
+                    _ => Exit::Store,
+                }
+            }
             CliError::Store(e) if e.is_corruption() => Exit::Corrupted,
             CliError::Store(e) => match e {
                 Error::BadEngineOption { .. }
@@ -84,6 +97,7 @@ impl fmt::Display for CliError {
         match self {
             CliError::Usage(m) => f.write_str(m),
             CliError::Store(e) => write!(f, "{e}"),
+            CliError::Bench(e) => write!(f, "{e}"),
             CliError::Output(e) => write!(f, "writing output: {e}"),
         }
     }
@@ -100,6 +114,12 @@ impl From<numakv::Error> for CliError {
 impl From<numakv::IndexError> for CliError {
     fn from(e: numakv::IndexError) -> Self {
         CliError::Store(e.into())
+    }
+}
+
+impl From<numakv_bench::BenchError> for CliError {
+    fn from(e: numakv_bench::BenchError) -> Self {
+        CliError::Bench(e)
     }
 }
 

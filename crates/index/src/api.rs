@@ -25,6 +25,16 @@ pub fn check_key(key: u64) -> Result<()> {
     }
 }
 
+/// Whether a pool whose header names `pool_engine` may hold engine `engine`: its own store, or a
+/// layered one named `<layer>-<engine>` (e.g. `nap-fastfair`: Nap over FAST&FAIR, which creates
+/// and opens the raw engine in the same pool).
+pub fn hosts_engine(pool_engine: &str, engine: &str) -> bool {
+    pool_engine == engine
+        || pool_engine
+            .strip_suffix(engine)
+            .is_some_and(|layer| layer.len() > 1 && layer.ends_with('-'))
+}
+
 /// An ordered map from `u64` keys (`1..=u64::MAX-1`) to `u64` values (any value, 0 included),
 /// safe to use from many threads at once.
 ///
@@ -153,6 +163,15 @@ mod tests {
         assert!(matches!(check_key(u64::MAX), Err(Error::InvalidKey(u64::MAX))));
         assert!(check_key(1).is_ok());
         assert!(check_key(u64::MAX - 1).is_ok());
+    }
+
+    #[test]
+    fn layered_pools_host_their_raw_engine() {
+        assert!(hosts_engine("fastfair", "fastfair"));
+        assert!(hosts_engine("nap-fastfair", "fastfair"));
+        assert!(!hosts_engine("-fastfair", "fastfair"));
+        assert!(!hosts_engine("napfastfair", "fastfair"));
+        assert!(!hosts_engine("not-fastfair2", "fastfair"));
     }
 
     #[test]

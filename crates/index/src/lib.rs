@@ -13,7 +13,8 @@ mod error;
 pub mod testkit;
 
 pub use api::{
-    check_key, CheckReport, Engine, EngineStats, Index, RecoveryReport, MAX_KEY, MIN_KEY,
+    check_key, hosts_engine, CheckReport, Engine, EngineStats, Index, RecoveryReport, MAX_KEY,
+    MIN_KEY,
 };
 pub use error::{Error, Result};
 pub use numakv_pmem as pmem;

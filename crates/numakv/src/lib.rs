@@ -51,5 +51,6 @@ pub use numakv_index::Error as IndexError;
 pub use numakv_index::{
     check_key, CheckReport, EngineStats, Index, RecoveryReport, MAX_KEY, MIN_KEY,
 };
+pub use numakv_nobtree::{MigrationOptions, NobtreeOptions};
 pub use numakv_pmem::alloc::nsm::NsmMode;
 pub use numakv_pmem::{Header, LatencyModel, PersistMode, PoolError, SimMode};

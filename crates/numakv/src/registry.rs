@@ -17,6 +17,9 @@ use std::str::FromStr;
 
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
+use numakv_nap::{Nap, NapOptions};
+use numakv_nobtree::{Nobtree, NobtreeOptions};
+use numakv_nstore::{CacheMode, NStore, NStoreOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
 
 use crate::error::{Error, Result};
@@ -41,11 +44,21 @@ pub enum EngineKind {
     /// FAST&FAIR (Hwang et al., FAST'18): PM-only B+-tree with failure-atomic shifts and
     /// in-place rebalancing, lock-free reads, B-link siblings. The baseline of every paper.
     FastFair,
+    /// Nap (Wang et al., OSDI'21) over FAST&FAIR: DRAM global view and per-node PM partial views
+    /// of the hot keys, hot-set switch; the raw tree holds the rest.
+    NapFastFair,
+    /// NOBtree (Chu et al., TCAD'24): per-NUMA-node replicas of a static upper layer over
+    /// write-optimized PM subindexes, node migration, NSM placement.
+    Nobtree,
+    /// NStore (papers/nstore.txt): per-node per-hash-cluster PM logs (Nlog) with only local PM
+    /// writes, a volatile ordered index, the NUMA-aware RAF cache, GC and parallel recovery.
+    NStore,
 }
 
 impl EngineKind {
     /// Every engine this build knows, in a fixed order.
-    pub const ALL: &'static [EngineKind] = &[EngineKind::FastFair];
+    pub const ALL: &'static [EngineKind] =
+        &[EngineKind::FastFair, EngineKind::NapFastFair, EngineKind::Nobtree, EngineKind::NStore];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
     pub fn all() -> &'static [EngineKind] {
@@ -57,6 +70,9 @@ impl EngineKind {
     pub(crate) fn with<F: WithEngine>(self, f: F) -> F::Output {
         match self {
             EngineKind::FastFair => f.run::<FastFair>(),
+            EngineKind::NapFastFair => f.run::<Nap<FastFair>>(),
+            EngineKind::Nobtree => f.run::<Nobtree>(),
+            EngineKind::NStore => f.run::<NStore>(),
         }
     }
 
@@ -173,6 +189,12 @@ pub(crate) trait WithEngine {
 pub enum EngineOptions {
     /// Options of [`EngineKind::FastFair`].
     FastFair(FastFairOptions),
+    /// Options of [`EngineKind::NapFastFair`].
+    NapFastFair(NapOptions<FastFairOptions>),
+    /// Options of [`EngineKind::Nobtree`].
+    Nobtree(NobtreeOptions),
+    /// Options of [`EngineKind::NStore`].
+    NStore(NStoreOptions),
 }
 
 impl EngineOptions {
@@ -180,6 +202,9 @@ impl EngineOptions {
     pub fn kind(&self) -> EngineKind {
         match self {
             EngineOptions::FastFair(_) => EngineKind::FastFair,
+            EngineOptions::NapFastFair(_) => EngineKind::NapFastFair,
+            EngineOptions::Nobtree(_) => EngineKind::Nobtree,
+            EngineOptions::NStore(_) => EngineKind::NStore,
         }
     }
 
@@ -205,6 +230,22 @@ impl EngineOptions {
         engine
             .with(Set { opts: self, key, value })
             .map_err(|message| Error::BadEngineOption { engine, message })
+    }
+
+    /// The smallest capacity per node file a store with these options needs before any data
+    /// (e.g. NStore's preallocated log files), for sizing stores; 0 when the data alone decides.
+    pub fn min_capacity_per_node(&self, page_size: u64) -> u64 {
+        struct Min<'a>(&'a EngineOptions, u64);
+        impl WithEngine for Min<'_> {
+            type Output = u64;
+            fn run<E: Engine>(self) -> u64
+            where
+                E::Options: EngineConfig,
+            {
+                E::Options::unwrap(self.0).map_or(0, |o| o.min_capacity_per_node(self.1))
+            }
+        }
+        self.kind().with(Min(self, page_size))
     }
 
     /// Every option as `(key, value)` text, in [`EngineKind::option_keys`] order.
@@ -247,6 +288,11 @@ pub(crate) trait EngineConfig: Sized + Clone + Default {
     fn set(&mut self, key: &str, value: &str) -> Result<(), String>;
     /// Every key with its current value as text.
     fn values(&self) -> Vec<(&'static str, String)>;
+    /// The smallest node-file capacity these options can work with, for sizing stores (e.g. a
+    /// log-structured engine's preallocated files); 0 when the data alone decides.
+    fn min_capacity_per_node(&self, _page_size: u64) -> u64 {
+        0
+    }
 }
 
 fn unknown_key(key: &str, keys: &[OptionKey]) -> String {
@@ -275,7 +321,6 @@ impl EngineConfig for FastFairOptions {
         EngineOptions::FastFair(self)
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap(opts: &EngineOptions) -> Option<&Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -283,7 +328,6 @@ impl EngineConfig for FastFairOptions {
         }
     }
 
-    #[allow(unreachable_patterns)] // exhaustive while FastFair is the only engine
     fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
         match opts {
             EngineOptions::FastFair(o) => Some(o),
@@ -316,6 +360,302 @@ impl EngineConfig for FastFairOptions {
             ("nsm_mode", self.nsm_mode.to_string()),
             ("recovery", self.recovery.to_string()),
         ]
+    }
+}
+
+/// Nap's own keys; a Nap engine's table is these plus its raw engine's.
+const NAP_KEYS: &[OptionKey] = &[
+    OptionKey { key: "hot", help: "hot-set size in keys (100000 in the paper)" },
+    OptionKey {
+        key: "sample",
+        help: "record one operation in N per thread (32); 0: no hot-set tracking",
+    },
+    OptionKey { key: "check_period_ms", help: "period of the hot-set check in milliseconds (200)" },
+    OptionKey {
+        key: "switch_threshold",
+        help: "switch when more than this share of hot keys differ (0.25)",
+    },
+    OptionKey { key: "sketch_width", help: "count-min sketch counters per row (850000; 3 rows)" },
+    OptionKey {
+        key: "detect_uniform",
+        help: "install the empty NAL under uniform workloads: true | false",
+    },
+    OptionKey {
+        key: "background",
+        help: "run the switch thread: true | false (false: no switches)",
+    },
+    OptionKey {
+        key: "node_size",
+        help: "raw FAST&FAIR: node size in bytes, a multiple of 64 in 256..=4096 (512)",
+    },
+    OptionKey {
+        key: "nsm_mode",
+        help: "raw FAST&FAIR: node placement: local | round-robin | node:N",
+    },
+    OptionKey {
+        key: "recovery",
+        help: "raw FAST&FAIR: open's recovery: lazy (instant, background pass) | eager",
+    },
+];
+
+fn parse<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
+    value.parse().map_err(|_| format!("{key}: {value:?} is not a valid value"))
+}
+
+impl EngineConfig for NapOptions<FastFairOptions> {
+    const KEYS: &'static [OptionKey] = NAP_KEYS;
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::NapFastFair(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::NapFastFair(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::NapFastFair(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "hot" => self.hot = parse(key, value)?,
+            "sample" => self.sample = parse(key, value)?,
+            "check_period_ms" => {
+                let ms: u64 = parse(key, value)?;
+                if ms == 0 {
+                    return Err("check_period_ms must be positive".into());
+                }
+                self.check_period = std::time::Duration::from_millis(ms);
+            }
+            "switch_threshold" => {
+                let t: f64 = parse(key, value)?;
+                if !(0.0..=1.0).contains(&t) {
+                    return Err(format!("switch_threshold: {t} is not in 0..=1"));
+                }
+                self.switch_threshold = t;
+            }
+            "sketch_width" => self.sketch_width = parse(key, value)?,
+            "detect_uniform" => self.detect_uniform = parse(key, value)?,
+            "background" => self.background = parse(key, value)?,
+            "node_size" | "nsm_mode" | "recovery" => self.inner.set(key, value)?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("hot", self.hot.to_string()),
+            ("sample", self.sample.to_string()),
+            ("check_period_ms", self.check_period.as_millis().to_string()),
+            ("switch_threshold", self.switch_threshold.to_string()),
+            ("sketch_width", self.sketch_width.to_string()),
+            ("detect_uniform", self.detect_uniform.to_string()),
+            ("background", self.background.to_string()),
+        ];
+        v.extend(self.inner.values());
+        v
+    }
+}
+
+impl EngineConfig for NobtreeOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey {
+            key: "height",
+            help: "subindex height threshold: levels per subindex, 1..=8 (default 2); fixed at create",
+        },
+        OptionKey {
+            key: "nsm_mode",
+            help: "where bottom nodes are placed: round-robin (the paper's) | local | node:N",
+        },
+        OptionKey {
+            key: "rebuild_threshold",
+            help: "rebuild the upper layer when the average steps along the root list per insert exceed this",
+        },
+        OptionKey {
+            key: "rebuild_min_ops",
+            help: "inserts since the last rebuild before that average is trusted",
+        },
+        OptionKey { key: "migration", help: "the node-migration coordinator: on | off" },
+        OptionKey {
+            key: "migration_sample_every",
+            help: "sample one operation in this many per thread (10 in the paper)",
+        },
+        OptionKey {
+            key: "migration_hot_threshold",
+            help: "sampled accesses within a window that make a leaf hot",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::Nobtree(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::Nobtree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::Nobtree(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        fn num<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
+            value.parse::<T>().map_err(|_| format!("{key}: {value:?} is not a number"))
+        }
+        match key {
+            "height" => self.height = num(key, value)?,
+            "nsm_mode" => {
+                self.nsm_mode = value.parse::<NsmMode>().map_err(|e| format!("nsm_mode: {e}"))?;
+            }
+            "rebuild_threshold" => self.rebuild_threshold = num(key, value)?,
+            "rebuild_min_ops" => self.rebuild_min_ops = num(key, value)?,
+            "migration" => {
+                self.migration.enabled = match value {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("migration: {value:?} is not on | off")),
+                }
+            }
+            "migration_sample_every" => self.migration.sample_every = num(key, value)?,
+            "migration_hot_threshold" => self.migration.hot_threshold = num(key, value)?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("height", self.height.to_string()),
+            ("nsm_mode", self.nsm_mode.to_string()),
+            ("rebuild_threshold", self.rebuild_threshold.to_string()),
+            ("rebuild_min_ops", self.rebuild_min_ops.to_string()),
+            ("migration", if self.migration.enabled { "on" } else { "off" }.to_string()),
+            ("migration_sample_every", self.migration.sample_every.to_string()),
+            ("migration_hot_threshold", self.migration.hot_threshold.to_string()),
+        ]
+    }
+}
+
+fn parse_num<T: FromStr>(key: &str, value: &str, what: &str) -> Result<T, String> {
+    value.trim().parse().map_err(|_| format!("{key}: {value:?} is not {what}"))
+}
+
+fn parse_bytes(key: &str, value: &str) -> Result<u64, String> {
+    crate::size::parse_size(value).map_err(|_| format!("{key}: {value:?} is not a size in bytes"))
+}
+
+impl EngineConfig for NStoreOptions {
+    const KEYS: &'static [OptionKey] = &[
+        OptionKey { key: "clusters", help: "hash clusters, 1..=65536 (256 in the paper)" },
+        OptionKey {
+            key: "log_file_size",
+            help: "bytes of one Nlog file, rounded up to the page size (8M in the paper)",
+        },
+        OptionKey {
+            key: "gc_threshold",
+            help: "reclaim a log file once more than this share of its entries is garbage, \
+                   0.0..1.0 (0.5 in the paper)",
+        },
+        OptionKey { key: "gc_threads", help: "GC threads per node, 0 = no GC (1 in the paper)" },
+        OptionKey {
+            key: "cache",
+            help: "DRAM cache: raf (NUMA-weighted, the paper's) | lfu (unweighted) | off",
+        },
+        OptionKey { key: "cache_bytes", help: "DRAM bytes of the cache (64M in the paper)" },
+        OptionKey { key: "cache_sample", help: "gets between two cache samples (32 in the paper)" },
+        OptionKey {
+            key: "recovery_threads",
+            help: "scanning threads of crash recovery, 0 = one per core",
+        },
+        OptionKey { key: "scan_threads", help: "local read threads per node for scans" },
+        OptionKey {
+            key: "snapshot",
+            help: "true | false: persist the index at clean shutdown for a fast reopen",
+        },
+    ];
+
+    fn wrap(self) -> EngineOptions {
+        EngineOptions::NStore(self)
+    }
+
+    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+        match opts {
+            EngineOptions::NStore(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+        match opts {
+            EngineOptions::NStore(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "clusters" => self.clusters = parse_num(key, value, "a cluster count")?,
+            "log_file_size" => self.log_file_size = parse_bytes(key, value)?,
+            "gc_threshold" => {
+                let t: f64 = parse_num(key, value, "a share in 0.0..1.0")?;
+                if !(0.0..1.0).contains(&t) {
+                    return Err(format!("gc_threshold: {value} is not in 0.0..1.0"));
+                }
+                self.gc_threshold = t;
+            }
+            "gc_threads" => self.gc_threads_per_node = parse_num(key, value, "a thread count")?,
+            "cache" => {
+                self.cache = value.parse::<CacheMode>().map_err(|e| format!("cache: {e}"))?
+            }
+            "cache_bytes" => self.cache_bytes = parse_bytes(key, value)?,
+            "cache_sample" => {
+                self.cache_sample = parse_num(key, value, "a positive count")?;
+                if self.cache_sample == 0 {
+                    return Err("cache_sample: must be ≥ 1".into());
+                }
+            }
+            "recovery_threads" => self.recovery_threads = parse_num(key, value, "a thread count")?,
+            "scan_threads" => self.scan_threads_per_node = parse_num(key, value, "a thread count")?,
+            "snapshot" => self.snapshot_on_close = parse_num(key, value, "true or false")?,
+            _ => return Err(unknown_key(key, Self::KEYS)),
+        }
+        Ok(())
+    }
+
+    fn values(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("clusters", self.clusters.to_string()),
+            ("log_file_size", self.log_file_size.to_string()),
+            ("gc_threshold", self.gc_threshold.to_string()),
+            ("gc_threads", self.gc_threads_per_node.to_string()),
+            ("cache", self.cache.to_string()),
+            ("cache_bytes", self.cache_bytes.to_string()),
+            ("cache_sample", self.cache_sample.to_string()),
+            ("recovery_threads", self.recovery_threads.to_string()),
+            ("scan_threads", self.scan_threads_per_node.to_string()),
+            ("snapshot", self.snapshot_on_close.to_string()),
+        ]
+    }
+
+    fn min_capacity_per_node(&self, page_size: u64) -> u64 {
+        // Every cluster may hold an active file on every node, plus as much again for sealed
+        // files awaiting GC (files are sparse: untouched pages cost nothing).
+        let file = self.log_file_size.div_ceil(page_size).max(1) * page_size;
+        2 * u64::from(self.clusters) * file
     }
 }
 
@@ -360,7 +700,7 @@ mod tests {
         o.set("nsm_mode", "node:1").unwrap();
         o.set("node_size", "1K").unwrap();
         o.set("recovery", "eager").unwrap();
-        let EngineOptions::FastFair(ff) = o;
+        let EngineOptions::FastFair(ff) = o else { unreachable!() };
         assert_eq!(ff.nsm_mode, NsmMode::Node(1));
         assert_eq!(ff.node_size, 1024);
         assert_eq!(ff.recovery, numakv_fastfair::RecoveryMode::Eager);

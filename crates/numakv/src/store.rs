@@ -314,6 +314,43 @@ impl Store {
     }
 }
 
+/// A store is itself an [`Index`], forwarding to its engine, so an `Arc<Store>` goes wherever an
+/// `Arc<dyn Index>` is expected (the benchmark runner, a layer such as Nap over any index).
+impl Index for Store {
+    fn name(&self) -> &'static str {
+        self.index().name()
+    }
+    fn insert(&self, key: u64, value: u64) -> numakv_index::Result<bool> {
+        self.index().insert(key, value)
+    }
+    fn upsert(&self, key: u64, value: u64) -> numakv_index::Result<()> {
+        self.index().upsert(key, value)
+    }
+    fn update(&self, key: u64, value: u64) -> numakv_index::Result<bool> {
+        self.index().update(key, value)
+    }
+    fn get(&self, key: u64) -> numakv_index::Result<Option<u64>> {
+        self.index().get(key)
+    }
+    fn remove(&self, key: u64) -> numakv_index::Result<bool> {
+        self.index().remove(key)
+    }
+    fn scan(
+        &self,
+        start: u64,
+        max: usize,
+        out: &mut Vec<(u64, u64)>,
+    ) -> numakv_index::Result<usize> {
+        self.index().scan(start, max, out)
+    }
+    fn stats(&self) -> EngineStats {
+        self.index().stats()
+    }
+    fn check(&self) -> numakv_index::Result<CheckReport> {
+        self.index().check()
+    }
+}
+
 /// What [`Store::inspect`] reports.
 #[derive(Clone, Debug)]
 #[non_exhaustive]

@@ -2,6 +2,8 @@
 //!
 //! Invariants (names as they appear in the errors, see docs/design.md "FAST&FAIR"):
 //! - `root range`: the root covers `[0, +inf)` and has no sibling;
+//! - `root entries`: an internal root has at least one entry (an emptied root is shrunk);
+//! - `live nodes`: no reachable node is marked DEAD;
 //! - `node magic` / `node level`: every node of a level's chain is a node of that level;
 //! - `terminator`: a node has an `END` slot;
 //! - `sorted entries`: keys strictly increase, no hidden slot, all inside `[low, high)`;
@@ -32,6 +34,12 @@ impl FastFair {
         if root.low() != 0 || root.high() != END || !root.sibling().is_null() {
             return Err(bad("root range: the root must cover [0, +inf) and have no sibling"));
         }
+        if !root.is_leaf() && root.used() == 0 {
+            return Err(bad(format!(
+                "root entries: internal root {root_p} (level {}) has only its leftmost child",
+                root.level()
+            )));
+        }
         let mut seen = HashSet::new();
         let mut entries = 0u64;
         let mut first = root_p;
@@ -42,6 +50,9 @@ impl FastFair {
             let mut prev_high = 0u64;
             for (idx, &p) in nodes.iter().enumerate() {
                 let n = self.node(p)?;
+                if n.is_dead() {
+                    return Err(bad(format!("live nodes: node {p} (level {level}) is DEAD")));
+                }
                 let (low, high) = (n.low(), n.high());
                 if low != prev_high {
                     return Err(bad(format!(

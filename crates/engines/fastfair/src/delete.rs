@@ -54,7 +54,8 @@ impl FastFair {
         let Ok(pos) = at else { return Ok(false) };
         self.shift_delete(node, pos, used);
         if used - 1 <= self.cap / 4 {
-            self.try_merge(&g, &guard)?;
+            // The delete is complete and durable; the merge cascade (smo.rs) only restructures.
+            self.rebalance(g, &guard)?;
         }
         Ok(true)
     }

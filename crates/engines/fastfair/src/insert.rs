@@ -163,7 +163,7 @@ impl FastFair {
         guard: &epoch::Guard,
     ) -> Result<WriteGuard<'a>> {
         loop {
-            let leaf = self.descend(0, key, guard)?;
+            let leaf = self.leaf_for(key, guard)?;
             match self.lock_covering(leaf, key)? {
                 Some(g) => return Ok(g),
                 None => self.retry(),

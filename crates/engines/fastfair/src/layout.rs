@@ -12,7 +12,7 @@
 //!     40     8  high      exclusive upper bound of the node's key range (u64::MAX = +inf)
 //!     48     4  level     0 = leaf
 //!     52     4  magic     NODE_MAGIC
-//!     56     8  flags     bit 0 DEAD: merged away, unreachable; every other bit 0
+//!     56     8  flags     bit 0 DEAD: merged away or replaced as root, unreachable; others 0
 //!     64  16·n  entries   n = (node_size - 64) / 16 slots of (key, value) — internal: (separator, child)
 //! ```
 //!
@@ -62,13 +62,18 @@ pub const END: u64 = u64::MAX;
 
 /// `magic` of every node.
 pub const NODE_MAGIC: u32 = 0x4646_4e44; // "FFND"
-/// `flags` bit: the node was merged into its left sibling and is unreachable.
+/// `flags` bit: the node was merged into its left sibling, or was the root and was replaced by
+/// its only child (root shrink); it is unreachable.
 pub const FLAG_DEAD: u64 = 1;
 
-/// Root slot holding the root node's PPtr.
+/// Root slot holding the root node's PPtr, relative to
+/// [`FastFairOptions::root_slot_base`](crate::FastFairOptions::root_slot_base).
 pub const SLOT_ROOT: usize = 0;
-/// Root slot holding the format word: bits 0..32 node size, bits 32..64 [`META_MAGIC`].
+/// Root slot holding the format word: bits 0..32 node size, bits 32..64 [`META_MAGIC`];
+/// relative to the base, as [`SLOT_ROOT`].
 pub const SLOT_META: usize = 1;
+/// Root slots a tree occupies, from its base on.
+pub const ROOT_SLOTS_USED: usize = 2;
 /// Upper half of the format word.
 pub const META_MAGIC: u64 = 0x4646_5452; // "FFTR"
 
@@ -122,6 +127,18 @@ pub fn validate_node_size(size: usize) -> Result<()> {
     if !(MIN_NODE_SIZE..=MAX_NODE_SIZE).contains(&size) || size % 64 != 0 {
         return Err(Error::InvalidOptions(format!(
             "node_size {size} must be a multiple of 64 in {MIN_NODE_SIZE}..={MAX_NODE_SIZE}"
+        )));
+    }
+    Ok(())
+}
+
+/// Validates a root slot base: the tree's slots `base..base + ROOT_SLOTS_USED` must exist in
+/// the pool header.
+pub fn validate_root_slot_base(base: usize) -> Result<()> {
+    if base > numakv_pmem::ROOT_SLOTS - ROOT_SLOTS_USED {
+        return Err(Error::InvalidOptions(format!(
+            "root_slot_base {base}: a tree needs root slots base..base+{ROOT_SLOTS_USED}, the pool has {}",
+            numakv_pmem::ROOT_SLOTS
         )));
     }
     Ok(())

@@ -5,8 +5,8 @@
 //! - **FAST**: inserts and deletes shift entries failure-atomically in store order, flushing at
 //!   cache-line boundaries (ADR; in eADR the pool makes flushes no-ops) — [`insert`](crate::insert),
 //!   [`delete`](crate::delete);
-//! - **FAIR**: splits and merges without logging, through B-link sibling pointers and node key
-//!   ranges — [`smo`](crate::smo);
+//! - **FAIR**: splits and merges (leaves and internal nodes, with root shrink) without logging,
+//!   through B-link sibling pointers and node key ranges — [`smo`](crate::smo);
 //! - lock-free searches and scans that tolerate the transient duplicates of a shift, guided by the
 //!   switch counter — [`search`](crate::search), [`scan`](crate::scan);
 //! - per-node writer locks tagged with the pool generation — [`lock`](crate::lock);
@@ -16,6 +16,16 @@
 //!   before `open()` returns) — [`recovery`](crate::recovery); `check()` — [`check`](crate::check).
 //!
 //! Formats and the store-order arguments: docs/design.md, section "FAST&FAIR".
+//!
+//! **Embedding.** A tree occupies two pool root slots from
+//! [`FastFairOptions::root_slot_base`] on, so an engine that keeps its own roots in the same
+//! pool can host one or more trees. Its nodes come from an NSM allocator; an embedding engine
+//! that allocates from the same NSM (or hosts several trees) creates the trees with
+//! [`FastFair::create_with`], collects [`FastFair::reachable`] of each before running
+//! [`Nsm::recover`] on the union with its own blocks, and reopens them with
+//! [`FastFair::open_with`] — [`Engine::open`] would reclaim every block it cannot reach itself.
+//! `open_with` always recovers eagerly (the embedder already collected NSM; see docs/design.md,
+//! "Sharing a pool").
 //!
 //! ```
 //! use numakv_fastfair::{FastFair, FastFairOptions};
@@ -62,10 +72,17 @@ pub struct FastFairOptions {
     /// Node size in bytes: a multiple of 64 in 256..=4096 (default 512, the paper's). Shapes the
     /// format: recorded at create, the stored value wins at open.
     pub node_size: usize,
-    /// Where NSM places new nodes (default: on the calling thread's node). Per session.
+    /// Where NSM places new nodes (default: on the calling thread's node). Per session; ignored
+    /// by [`FastFair::create_with`] / [`FastFair::open_with`], whose NSM is the caller's.
     pub nsm_mode: NsmMode,
-    /// How `open()` recovers (default: lazy). Per session.
+    /// How [`Engine::open`] recovers (default: lazy). Per session. Ignored by
+    /// [`FastFair::open_with`], which always repairs before returning (its NSM was recovered
+    /// by the embedder).
     pub recovery: RecoveryMode,
+    /// First of the two pool root slots the tree uses (root pointer, format word), default 0;
+    /// at most `ROOT_SLOTS - 2`. Not recorded in the store (it says where the record is): pass
+    /// the same value at open.
+    pub root_slot_base: usize,
 }
 
 impl Default for FastFairOptions {
@@ -74,6 +91,7 @@ impl Default for FastFairOptions {
             node_size: DEFAULT_NODE_SIZE,
             nsm_mode: NsmMode::Local,
             recovery: RecoveryMode::Lazy,
+            root_slot_base: 0,
         }
     }
 }
@@ -119,6 +137,8 @@ struct Counters {
     splits: AtomicU64,
     root_splits: AtomicU64,
     merges: AtomicU64,
+    internal_merges: AtomicU64,
+    root_shrinks: AtomicU64,
     retries: AtomicU64,
     repairs: AtomicU64,
     ranges_fixed: AtomicU64,
@@ -136,6 +156,8 @@ pub struct FastFair {
     /// Most entries a node holds (one slot stays for the terminator).
     cap: usize,
     generation: u64,
+    /// [`FastFairOptions::root_slot_base`].
+    slot_base: usize,
     counters: Arc<Counters>,
     /// True until every node's range has been repaired (lazy recovery): readers then take
     /// `min(high, sibling.low)` as a node's high key (docs/design.md, "Recovery"). Shared with
@@ -154,7 +176,7 @@ pub(crate) enum WriteKind {
 }
 
 impl FastFair {
-    fn new_handle(pool: Arc<Pool>, nsm: Arc<Nsm>, node_size: usize) -> FastFair {
+    fn new_handle(pool: Arc<Pool>, nsm: Arc<Nsm>, node_size: usize, slot_base: usize) -> FastFair {
         let slots = layout::slots(node_size);
         FastFair {
             generation: pool.generation(),
@@ -163,6 +185,7 @@ impl FastFair {
             node_size,
             slots,
             cap: slots - 1,
+            slot_base,
             counters: Arc::default(),
             repairing: Arc::default(),
             background: Mutex::default(),
@@ -179,10 +202,75 @@ impl FastFair {
             slots: self.slots,
             cap: self.cap,
             generation: self.generation,
+            slot_base: self.slot_base,
             counters: Arc::clone(&self.counters),
             repairing: Arc::clone(&self.repairing),
             background: Mutex::default(),
         }
+    }
+
+    /// Creates a tree in `pool` whose nodes come from `nsm`, an allocator the caller shares
+    /// (with its own structures or with other trees at other root slot bases). Unlike
+    /// [`Engine::create`], the pool may belong to another engine and may already hold NSM
+    /// blocks; `opts.nsm_mode` is ignored.
+    ///
+    /// # Errors
+    /// `InvalidOptions` for a bad node size or root slot base, an `nsm` over another pool, or
+    /// root slots that already hold a tree; pool errors (out of space).
+    pub fn create_with(pool: Arc<Pool>, nsm: Arc<Nsm>, opts: &FastFairOptions) -> Result<FastFair> {
+        layout::validate_node_size(opts.node_size)?;
+        layout::validate_root_slot_base(opts.root_slot_base)?;
+        if !Arc::ptr_eq(&pool, numakv_pmem::alloc::PmAllocator::pool(&*nsm)) {
+            return Err(Error::InvalidOptions("the NSM allocator belongs to another pool".into()));
+        }
+        let base = opts.root_slot_base;
+        if pool.root(base + layout::SLOT_META)?.load(Ordering::Acquire) != 0 {
+            return Err(Error::InvalidOptions(format!(
+                "root slots {base}.. already hold a fastfair tree"
+            )));
+        }
+        let tree = FastFair::new_handle(pool, nsm, opts.node_size, base);
+        let root = tree.alloc_node()?;
+        tree.init_node(root, 0, PPtr::NULL, 0, END, PPtr::NULL, &[])?;
+        let slot = tree.root_slot(layout::SLOT_ROOT)?;
+        slot.store(root.raw(), Ordering::Release);
+        // PERSIST: the root pointer is durable (after the root node, persisted by init_node)
+        // before the format word that declares the tree: with an arbitrary base the two slots
+        // may lie in different header lines, and the format word is the commit point.
+        tree.pool.persist_obj(slot);
+        let meta = tree.root_slot(layout::SLOT_META)?;
+        meta.store(layout::meta_word(opts.node_size), Ordering::Release);
+        // PERSIST: the tree exists durably before create returns.
+        tree.pool.persist_obj(meta);
+        Ok(tree)
+    }
+
+    /// The nodes of the tree at `opts.root_slot_base` in `pool`, as they are durable now (every
+    /// level's sibling chain, validated): the blocks an embedding engine reports to
+    /// [`Nsm::recover`] before [`FastFair::open_with`]. Read only.
+    ///
+    /// # Errors
+    /// `InvalidOptions` for a bad root slot base; `Corrupted` when the slots hold no fastfair
+    /// tree or a node is invalid.
+    pub fn reachable(pool: &Pool, opts: &FastFairOptions) -> Result<Vec<PPtr>> {
+        recovery::reachable(pool, opts)
+    }
+
+    /// Opens, with recovery, the tree at `opts.root_slot_base` whose nodes come from `nsm`, an
+    /// allocator the caller has already recovered with (at least) this tree's
+    /// [`FastFair::reachable`] blocks. `opts.nsm_mode` is ignored.
+    ///
+    /// # Errors
+    /// As [`Engine::open`]; `Corrupted` when a node of the tree is not allocated in `nsm`.
+    pub fn open_with(
+        pool: Arc<Pool>,
+        nsm: Arc<Nsm>,
+        opts: &FastFairOptions,
+    ) -> Result<(FastFair, RecoveryReport)> {
+        if !Arc::ptr_eq(&pool, numakv_pmem::alloc::PmAllocator::pool(&*nsm)) {
+            return Err(Error::InvalidOptions("the NSM allocator belongs to another pool".into()));
+        }
+        recovery::open_with(pool, nsm, opts)
     }
 
     /// Node size of this tree (as recorded in the store).
@@ -201,10 +289,17 @@ impl FastFair {
         Node::resolve(&self.pool, p, self.node_size)
     }
 
+    /// The tree's root slot `which` ([`layout::SLOT_ROOT`], [`layout::SLOT_META`]).
+    #[inline]
+    pub(crate) fn root_slot(&self, which: usize) -> Result<&numakv_pmem::PmU64> {
+        Ok(self.pool.root(self.slot_base + which)?)
+    }
+
     /// The current root.
     pub(crate) fn root(&self) -> Result<PPtr> {
-        // ORDERING: Acquire; pairs with the Release store of a new root in smo.rs.
-        Ok(PPtr::from_raw(self.pool.root(layout::SLOT_ROOT)?.load(Ordering::Acquire)))
+        // ORDERING: Acquire; pairs with the Release stores of a new root (split, shrink) in
+        // smo.rs: the new root's contents are visible.
+        Ok(PPtr::from_raw(self.root_slot(layout::SLOT_ROOT)?.load(Ordering::Acquire)))
     }
 
     pub(crate) fn retry(&self) {
@@ -289,6 +384,7 @@ impl Index for FastFair {
             s.small_pages.iter().zip(&s.large_pages).map(|(a, b)| (a + b) * page).collect();
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let height = self.root().and_then(|r| self.node(r)).map_or(0, |r| u64::from(r.level()) + 1);
         EngineStats {
             pm_bytes_per_node,
             dram_bytes: std::mem::size_of::<FastFair>() as u64,
@@ -296,6 +392,9 @@ impl Index for FastFair {
                 ("splits", get(&c.splits)),
                 ("root_splits", get(&c.root_splits)),
                 ("merges", get(&c.merges)),
+                ("internal_merges", get(&c.internal_merges)),
+                ("root_shrinks", get(&c.root_shrinks)),
+                ("height", height),
                 ("retries", get(&c.retries)),
                 ("repairs", get(&c.repairs)),
                 ("ranges_fixed", get(&c.ranges_fixed)),
@@ -326,29 +425,21 @@ impl Engine for FastFair {
 
     fn create(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<FastFair> {
         layout::validate_node_size(opts.node_size)?;
-        if pool.header().engine.name != Self::NAME {
+        layout::validate_root_slot_base(opts.root_slot_base)?;
+        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
             return Err(Error::InvalidOptions(format!(
                 "pool belongs to engine {:?}, not {}",
                 pool.header().engine.name,
                 Self::NAME
             )));
         }
-        if pool.root(layout::SLOT_META)?.load(Ordering::Acquire) != 0 {
+        if pool.root(opts.root_slot_base + layout::SLOT_META)?.load(Ordering::Acquire) != 0 {
             return Err(Error::InvalidOptions("pool already holds a fastfair tree".into()));
         }
+        // A pool with NSM pages (another tree) is refused here: its blocks would be reclaimed
+        // by this tree's recovery. Shared pools go through create_with.
         let nsm = Nsm::new(Arc::clone(&pool), opts.nsm_mode)?;
-        let tree = FastFair::new_handle(pool, nsm, opts.node_size);
-        let root = tree.alloc_node()?;
-        tree.init_node(root, 0, PPtr::NULL, 0, END, PPtr::NULL, &[])?;
-        let meta = tree.pool.root(layout::SLOT_META)?;
-        meta.store(layout::meta_word(opts.node_size), Ordering::Release);
-        let slot = tree.pool.root(layout::SLOT_ROOT)?;
-        slot.store(root.raw(), Ordering::Release);
-        // PERSIST: the root node was persisted by init_node; the format word and the root pointer
-        // (same header line) become durable together, after it.
-        tree.pool.flush_obj(meta);
-        tree.pool.persist_obj(slot);
-        Ok(tree)
+        FastFair::create_with(pool, nsm, opts)
     }
 
     fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair, RecoveryReport)> {

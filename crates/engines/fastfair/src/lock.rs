@@ -14,8 +14,14 @@
 //! line, the generation makes it stale at the next open. Readers never take locks.
 //!
 //! Lock order (deadlock freedom): by level ascending, and within a level left to right. A split
-//! holds the node and then locks its parent (and so on up); a merge holds the left node, then its
-//! right sibling, then their parent. Moving right at one level releases before locking the next.
+//! holds the node and then locks its parent (and so on up); a merge, at any level, holds the left
+//! node, then its right sibling, then their parent, and its cascade continues with the parent
+//! (the lower locks released) or, holding the left node, with the parents' level; a root shrink
+//! holds the root, releases it and then locks the new root. Moving right at one level releases
+//! before locking the next. The one exception, a thread that holds the right sibling of a root
+//! whose split it needs installed, only *try*-locks the root; merges therefore never lock the
+//! right sibling of a node on the root's level (a pending root split), and the root cannot
+//! shrink to the level of a locked node that has a sibling.
 
 use std::sync::atomic::Ordering;
 

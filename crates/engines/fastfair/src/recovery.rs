@@ -2,15 +2,19 @@
 //!
 //! FAST&FAIR needs no log: every durable state is one readers and writers tolerate. What a crash
 //! leaves behind is
-//! 1. blocks allocated but unreachable (a split's new node, a new root, a retired node), which
-//!    NSM's garbage-collecting recovery reclaims given the reachable set;
-//! 2. nodes with `high > sibling.low` (interrupted split or merge): `high = sibling.low`, then
-//!    the writers' repair removes hidden slots, duplicates and entries beyond the high key
-//!    (delete.rs) — a writer does this for every node it locks while ranges may be stale;
+//! 1. blocks allocated but unreachable (a split's new node, a new root, a retired node, an old
+//!    root whose shrink's root switch was durable), which NSM's garbage-collecting recovery
+//!    reclaims given the reachable set;
+//! 2. nodes with `high > sibling.low` (interrupted split or merge, at any level):
+//!    `high = sibling.low`, then the writers' repair removes hidden slots, duplicates and entries
+//!    beyond the high key (delete.rs) — a writer does this for every node it locks while ranges
+//!    may be stale;
 //! 3. orphans: a node in a level's chain that no parent references (a split whose parent insert
 //!    was lost, or a merge rolled back), and a root level with more than one node (a lost root
 //!    split) — readers and writers reach them through `sibling`, linking them is an ordinary
-//!    separator insert.
+//!    separator insert;
+//! 4. an internal root without entries (a merge emptied it and the root switch was lost): the
+//!    root shrinks (after the orphans are linked: an orphan child gives it an entry again).
 //!
 //! **Eager** ([`RecoveryMode::Eager`]): `open()` walks every level, hands the reachable set to
 //! [`Nsm::recover`], repairs every node, links orphans, and only then returns — O(tree).
@@ -41,6 +45,7 @@ use numakv_pmem::{PPtr, Pool};
 use crate::layout::{self, Node, END, ENGINE, HIDDEN, NODE_MAGIC};
 use crate::lock::WriteGuard;
 use crate::search::Read;
+use crate::smo::Reclaim;
 use crate::{FastFair, FastFairOptions, RecoveryMode};
 
 /// A lock-free walk re-pins (at a locked live node) every this many nodes, so that one long
@@ -134,25 +139,68 @@ fn walk(pool: &Pool, node_size: usize, root: PPtr) -> Result<Vec<Vec<PPtr>>> {
     Ok(levels)
 }
 
-/// [`numakv_index::Engine::open`] for FAST&FAIR.
+/// The format word and the chains of the tree at `base`: node size, levels top first.
+fn read_tree(pool: &Pool, base: usize) -> Result<(usize, Vec<Vec<PPtr>>)> {
+    let node_size = read_meta(pool, base)?;
+    let root = PPtr::from_raw(pool.root(base + layout::SLOT_ROOT)?.load(Ordering::Acquire));
+    let levels = walk(pool, node_size, root)?;
+    Ok((node_size, levels))
+}
+
+/// The node size recorded in the format word of the tree at `base`.
+fn read_meta(pool: &Pool, base: usize) -> Result<usize> {
+    layout::validate_root_slot_base(base)?;
+    let meta = pool.root(base + layout::SLOT_META)?.load(Ordering::Acquire);
+    let node_size = layout::decode_meta(meta)
+        .filter(|&s| layout::validate_node_size(s).is_ok())
+        .ok_or_else(|| {
+            Error::corrupted(
+                ENGINE,
+                format!(
+                    "format word {meta:#x} in root slot {} is not a fastfair format \
+                         (wrong root_slot_base?)",
+                    base + layout::SLOT_META
+                ),
+            )
+        })?;
+    Ok(node_size)
+}
+
+/// [`FastFair::reachable`].
+pub(crate) fn reachable(pool: &Pool, opts: &FastFairOptions) -> Result<Vec<PPtr>> {
+    let (_, levels) = read_tree(pool, opts.root_slot_base)?;
+    Ok(levels.into_iter().flatten().collect())
+}
+
+/// [`numakv_index::Engine::open`] for FAST&FAIR: NSM is recovered with this tree's nodes as
+/// the only reachable blocks.
 pub(crate) fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair, RecoveryReport)> {
     let t0 = Instant::now();
-    let meta = pool.root(layout::SLOT_META)?.load(Ordering::Acquire);
-    let node_size =
-        layout::decode_meta(meta).filter(|&s| layout::validate_node_size(s).is_ok()).ok_or_else(
-            || Error::corrupted(ENGINE, format!("format word {meta:#x} is not a fastfair format")),
-        )?;
-    let root = PPtr::from_raw(pool.root(layout::SLOT_ROOT)?.load(Ordering::Acquire));
-    let r = Node::resolve(&pool, root, node_size)?;
-    if r.hdr.magic.load(Ordering::Acquire) != NODE_MAGIC || r.level() > 64 {
-        return Err(Error::corrupted(ENGINE, format!("root {root} is not a node (or above 64)")));
-    }
-    let was_clean = pool.was_clean();
+    let base = opts.root_slot_base;
     match opts.recovery {
-        RecoveryMode::Eager => open_eager(pool, opts, node_size, root, t0),
+        RecoveryMode::Eager => {
+            let (node_size, levels) = read_tree(&pool, base)?;
+            let reachable: Vec<PPtr> = levels.iter().flatten().copied().collect();
+            let (nsm, nrec) = Nsm::recover(Arc::clone(&pool), opts.nsm_mode, reachable)?;
+            let tree = FastFair::new_handle(pool, nsm, node_size, base);
+            let mut report = repair(&tree, &levels, t0)?;
+            report.counters.push(("nsm_free_blocks", nrec.blocks_free));
+            report.counters.push(("pages_reclaimed", nrec.pages_freed + nrec.large_freed));
+            Ok((tree, report))
+        }
         RecoveryMode::Lazy => {
+            let node_size = read_meta(&pool, base)?;
+            let root = PPtr::from_raw(pool.root(base + layout::SLOT_ROOT)?.load(Ordering::Acquire));
+            let r = Node::resolve(&pool, root, node_size)?;
+            if r.hdr.magic.load(Ordering::Acquire) != NODE_MAGIC || r.level() > 64 {
+                return Err(Error::corrupted(
+                    ENGINE,
+                    format!("root {root} is not a node (or above 64)"),
+                ));
+            }
+            let was_clean = pool.was_clean();
             let nsm = Nsm::recover_deferred(Arc::clone(&pool), opts.nsm_mode)?;
-            let tree = FastFair::new_handle(pool, nsm, node_size);
+            let tree = FastFair::new_handle(pool, nsm, node_size, base);
             // ORDERING: Relaxed; the handle is not shared yet (the spawn below publishes it).
             tree.repairing.store(true, Ordering::Relaxed);
             start(&tree)?;
@@ -166,30 +214,50 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair,
     }
 }
 
-fn open_eager(
+/// [`FastFair::open_with`]: NSM was recovered by the caller (an embedder, with the union of
+/// every structure's reachable blocks). Always eager, whatever `opts.recovery` says: the
+/// deferred protocol needs `Nsm::recover_deferred` and one `Nsm::collect` over the union of
+/// every structure's concurrent walk, which the embedder drives; here the collection is already
+/// done, so only the node repairs, orphans and root shrink remain, done before returning.
+pub(crate) fn open_with(
     pool: Arc<Pool>,
+    nsm: Arc<Nsm>,
     opts: &FastFairOptions,
-    node_size: usize,
-    root: PPtr,
-    t0: Instant,
 ) -> Result<(FastFair, RecoveryReport)> {
-    let levels = walk(&pool, node_size, root)?;
+    let t0 = Instant::now();
+    let (node_size, levels) = read_tree(&pool, opts.root_slot_base)?;
+    let allocated = nsm.allocated_blocks();
+    if let Some(p) = levels.iter().flatten().find(|p| allocated.binary_search(p).is_err()) {
+        return Err(Error::corrupted(
+            ENGINE,
+            format!("node {p} is not allocated in the given NSM (recovered without this tree?)"),
+        ));
+    }
+    let tree = FastFair::new_handle(pool, nsm, node_size, opts.root_slot_base);
+    let report = repair(&tree, &levels, t0)?;
+    Ok((tree, report))
+}
+
+/// Steps 2–4 of the module docs on a tree whose NSM is recovered, before the tree is shared
+/// (eager open, `open_with`).
+fn repair(tree: &FastFair, levels: &[Vec<PPtr>], t0: Instant) -> Result<RecoveryReport> {
     let nodes: u64 = levels.iter().map(|l| l.len() as u64).sum();
-    let reachable: Vec<PPtr> = levels.iter().flatten().copied().collect();
-    let (nsm, nrec) = Nsm::recover(Arc::clone(&pool), opts.nsm_mode, reachable)?;
-    let tree = FastFair::new_handle(pool, nsm, node_size);
+    // Step 2: node-local repairs.
     for p in levels.iter().flatten() {
         let g = WriteGuard::lock(tree.node(*p)?, tree.generation);
         tree.fix_range(&g)?;
         tree.repair_entries(&g)?;
     }
+    // Step 3: orphans, bottom-up.
     tree.link_orphans(&AtomicBool::new(false))?;
-    let report = RecoveryReport {
+    // Step 4: an emptied root (freed at once: nobody else can see the tree yet).
+    let root = WriteGuard::lock(tree.node(tree.root()?)?, tree.generation);
+    tree.shrink_root(root, Reclaim::Now)?;
+    Ok(RecoveryReport {
         was_clean: tree.pool.was_clean(),
         elapsed: t0.elapsed(),
-        counters: tree.report_counters(nodes, nrec),
-    };
-    Ok((tree, report))
+        counters: tree.report_counters(nodes),
+    })
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -306,43 +374,104 @@ impl FastFair {
         if self.link_orphans(cancel)?.is_none() {
             return Ok(None);
         }
+        // An emptied root left by a crash (its switch lost): shrink it like a merger would.
+        // Readers and writers may be inside the old root: it is freed after a grace period,
+        // waited for here (unpinned) so that the pass ends with no block awaiting one.
+        let old_roots = std::cell::RefCell::new(Vec::new());
+        {
+            let _guard = epoch::pin();
+            let root = WriteGuard::lock(self.node(self.root()?)?, self.generation);
+            self.shrink_root(root, Reclaim::Later(&old_roots))?;
+        }
+        let old_roots = old_roots.into_inner();
+        if !old_roots.is_empty() {
+            if !numakv_pmem::alloc::wait_for_unpin(cancel) {
+                return Ok(None); // the old roots are unreachable: the next open reclaims them
+            }
+            for p in old_roots {
+                // SAFETY: each old root came from this tree's NSM, is unreachable (the root slot
+                // moved on, no node points to a root), was marked DEAD and listed by exactly one
+                // shrink (under its lock), and every thread pinned when it was unlinked has
+                // unpinned since (the wait above). NSM's collection is complete: this is an
+                // ordinary free.
+                unsafe { numakv_pmem::alloc::PmAllocator::free(&*self.nsm, p)? };
+            }
+        }
+        let mut counters = self.report_counters(nodes);
+        counters.push(("nsm_free_blocks", nrec.blocks_free));
+        counters.push(("pages_reclaimed", nrec.pages_freed + nrec.large_freed));
         Ok(Some(RecoveryReport {
             was_clean: self.pool.was_clean(),
             elapsed: t0.elapsed(),
-            counters: self.report_counters(nodes, nrec),
+            counters,
         }))
     }
 
-    fn report_counters(
-        &self,
-        nodes: u64,
-        nrec: numakv_pmem::alloc::nsm::NsmRecovery,
-    ) -> Vec<(&'static str, u64)> {
+    /// The recovery report's counters (eager open, `open_with`, the background pass).
+    fn report_counters(&self, nodes: u64) -> Vec<(&'static str, u64)> {
         let c = &self.counters;
         vec![
             ("nodes", nodes),
-            // ORDERING: Relaxed, all: statistics (shared with the writers, which repair too).
+            // ORDERING: Relaxed, all: statistics (shared with the writers, which repair, link
+            // and shrink too during a lazy recovery: the counts include theirs).
             ("ranges_fixed", c.ranges_fixed.load(Ordering::Relaxed)),
             ("slots_repaired", c.repairs.load(Ordering::Relaxed)),
             ("orphans_linked", c.orphans_linked.load(Ordering::Relaxed)),
-            ("nsm_free_blocks", nrec.blocks_free),
-            ("pages_reclaimed", nrec.pages_freed + nrec.large_freed),
+            ("roots_shrunk", c.root_shrinks.load(Ordering::Relaxed)),
         ]
     }
 
-    /// Visits every node of `level`'s chain from `first` (lock-free, pinned), calling `f`;
-    /// `false` when cancelled. Validates magic, level and strictly ascending low keys (which
-    /// also rules out cycles). Nodes that die while the walk is at them are followed through
-    /// their frozen sibling pointer; every node that stays in the chain until the walk passes it
-    /// is visited (design.md, "Recovery and invariants").
+    /// The root's level now (read pinned: the root may be shrunk and retired meanwhile). Levels
+    /// added above it later hold only nodes of this session.
+    fn top_level(&self) -> Result<u32> {
+        let _guard = epoch::pin();
+        Ok(self.node(self.root()?)?.level())
+    }
+
+    /// The first node of `level` (low 0), read from the current root down the leftmost
+    /// children under the caller's pin; `None` when the root is below `level`. The first node
+    /// of a level is never merged away, but it dies when it is the root and shrinks: a DEAD
+    /// node on the way means the root switched meanwhile (the switch precedes DEAD), so the
+    /// descent restarts from the new root.
+    fn level_head(&self, level: u32, _guard: &Guard) -> Result<Option<PPtr>> {
+        'restart: loop {
+            let mut p = self.root()?;
+            let mut n = self.node(p)?;
+            if n.level() > 64 {
+                return Err(Error::corrupted(ENGINE, format!("root {p} says level {}", n.level())));
+            }
+            if n.level() < level {
+                return Ok(None);
+            }
+            loop {
+                if n.is_dead() {
+                    self.retry();
+                    continue 'restart;
+                }
+                let lvl = n.level();
+                if lvl == level {
+                    return Ok(Some(p));
+                }
+                p = leftmost(n)?;
+                n = checked(&self.pool, self.node_size, p, lvl - 1)?;
+            }
+        }
+    }
+
+    /// Visits every node of `level`'s chain (lock-free, pinned), from the level's first node as
+    /// it is now ([`Self::level_head`], under the same pin), calling `f`; `false` when
+    /// cancelled. Validates magic, level and strictly ascending low keys (which also rules out
+    /// cycles). Nodes that die while the walk is at them (merged away, or a root that shrank)
+    /// are followed through their frozen sibling pointer; every node that stays in the chain
+    /// until the walk passes it is visited (design.md, "Recovery and invariants").
     fn for_each_in_chain(
         &self,
-        first: PPtr,
         level: u32,
         cancel: &AtomicBool,
         mut f: impl FnMut(Node<'_>) -> Result<()>,
     ) -> Result<bool> {
         let mut guard = epoch::pin();
+        let Some(first) = self.level_head(level, &guard)? else { return Ok(true) };
         let mut p = first;
         let mut prev_low = None;
         let mut visited = 0usize;
@@ -364,7 +493,7 @@ impl FastFair {
             visited += 1;
             if visited % REPIN_EVERY == 0 {
                 // Re-pin only at a node that cannot be freed meanwhile: locked and alive, it
-                // cannot be merged away (a merge locks the node it removes).
+                // cannot be removed (a merge locks the node it removes, a root shrink the root).
                 let g = WriteGuard::lock(n, self.generation);
                 if !n.is_dead() {
                     guard.repin();
@@ -376,36 +505,30 @@ impl FastFair {
         Ok(true)
     }
 
-    /// The walk handed to NSM's collection: every node of every level, top down.
+    /// The walk handed to NSM's collection: every node of every level, top down, each level
+    /// from its first node as found from the current root when the level's walk starts (a root
+    /// shrink may kill the first node of the top levels meanwhile).
     fn walk_concurrent(&self, cancel: &AtomicBool) -> Result<Option<Vec<PPtr>>> {
-        let root = self.root()?;
-        let top = self.node(root)?.level();
+        let top = self.top_level()?;
         let mut out = Vec::new();
-        let mut first = root;
         for level in (0..=top).rev() {
-            // The first node of a level (low 0) never dies: a merge removes right nodes only.
-            let head = checked(&self.pool, self.node_size, first, level)?;
-            let next = if level > 0 { leftmost(head)? } else { PPtr::NULL };
-            if !self.for_each_in_chain(first, level, cancel, |n| {
+            if !self.for_each_in_chain(level, cancel, |n| {
                 out.push(n.ptr);
                 Ok(())
             })? {
                 return Ok(None);
             }
-            first = next;
         }
         Ok(Some(out))
     }
 
     /// Locks every node of every level in turn and repairs it (range, then slots); `false`
-    /// when cancelled.
+    /// when cancelled. Each level starts from its first node as found from the current root.
     fn repair_all(&self, cancel: &AtomicBool) -> Result<bool> {
-        let root = self.root()?;
-        let top = self.node(root)?.level();
-        let mut first = root;
+        let top = self.top_level()?;
         for level in (0..=top).rev() {
             let mut guard = epoch::pin();
-            let next_first = if level > 0 { leftmost(self.node(first)?)? } else { PPtr::NULL };
+            let Some(first) = self.level_head(level, &guard)? else { continue };
             let mut p = first;
             while !p.is_null() {
                 // ORDERING: Relaxed; the flag only ends the pass early.
@@ -422,12 +545,12 @@ impl FastFair {
                 p = n.sibling();
                 if alive {
                     // `p` cannot die while we hold its left neighbour's lock (a merge of `p`
-                    // locks that neighbour first), so re-pinning here cannot lose it.
+                    // locks that neighbour first; a root shrink kills only a node without a left
+                    // neighbour), so re-pinning here cannot lose it.
                     guard.repin();
                 }
                 drop(g);
             }
-            first = next_first;
         }
         Ok(true)
     }
@@ -479,18 +602,13 @@ impl FastFair {
                 }
                 continue;
             }
-            // Leftmost node of `level` and of `level + 1`.
-            let mut firsts = vec![root_p];
-            let mut n = root;
-            while n.level() > level {
-                let c = leftmost(n)?;
-                firsts.push(c);
-                n = self.node(c)?;
-            }
             drop(guard);
-            let (first, parent_first) = (firsts[firsts.len() - 1], firsts[firsts.len() - 2]);
+            // Each chain from its first node as found when its walk starts (the root may shrink
+            // meanwhile); the lists are only candidates, every one is re-checked under locks.
+            // A DEAD parent (merged away or shrunk) contributes nothing: its children are
+            // referenced by the node that absorbed them, or are candidates re-checked anyway.
             let mut referenced = HashSet::new();
-            let walked = self.for_each_in_chain(parent_first, level + 1, cancel, |p| {
+            let walked = self.for_each_in_chain(level + 1, cancel, |p| {
                 if let Read::Done(kids) =
                     self.stable(p, p.low(), |_| children(p).into_iter().map(|(_, c)| c))?
                 {
@@ -500,8 +618,10 @@ impl FastFair {
             })?;
             let mut candidates = Vec::new();
             let walked = walked
-                && self.for_each_in_chain(first, level, cancel, |o| {
-                    if o.ptr != first && !referenced.contains(&o.ptr) {
+                && self.for_each_in_chain(level, cancel, |o| {
+                    // The first node (low 0) is its parent's leftmost child; a DEAD node is
+                    // never linked again (it is unlinked and retired).
+                    if o.low() != 0 && !o.is_dead() && !referenced.contains(&o.ptr) {
                         candidates.push(o.ptr);
                     }
                     Ok(())
@@ -532,7 +652,9 @@ impl FastFair {
             if low == 0 || low == END {
                 return Ok(false);
             }
-            let left = self.descend(level, low - 1, &guard)?;
+            let Some(left) = self.descend(level, low - 1, &guard)? else {
+                return Ok(false); // the root shrank below `level`: no orphan there any more
+            };
             let Some(lg) = self.lock_covering(left, low - 1)? else {
                 self.retry();
                 continue;
@@ -540,7 +662,22 @@ impl FastFair {
             if lg.node().sibling() != o || self.node(self.root()?)?.level() <= level {
                 return Ok(false); // not (or no longer) in the chain, or now on the root level
             }
-            let p = self.descend(level + 1, low, &guard)?;
+            // `o` is L's sibling and L is locked and alive: `o` is in the chain, so not DEAD
+            // (a merge unlinks before marking DEAD; a shrink kills only a node without left
+            // neighbour), and it cannot die or change its low key until L is unlocked. A block
+            // freed and reused since it was listed may carry another low key: look again.
+            let on = self.node(o)?;
+            if on.is_dead() || on.level() != level {
+                return Ok(false);
+            }
+            if on.low() != low {
+                continue;
+            }
+            let Some(p) = self.descend(level + 1, low, &guard)? else {
+                // The root is at `level` now, which the check above excludes while L is
+                // locked; be conservative all the same.
+                return Ok(false);
+            };
             let Some(pg) = self.lock_covering(p, low)? else {
                 self.retry();
                 continue;

@@ -61,7 +61,7 @@ impl FastFair {
         let mut next = start;
         let mut buf = Vec::with_capacity(self.slots);
         'restart: loop {
-            let mut node = self.descend(0, next, guard)?;
+            let mut node = self.leaf_for(next, guard)?;
             loop {
                 let (high, sibling) =
                     match self.stable(node, next, |desc| Self::snapshot(node, desc, &mut buf))? {

@@ -160,12 +160,18 @@ impl FastFair {
     }
 
     /// Lock-free descent to the node at `level` whose range holds `key` (at the time it was
-    /// read).
-    pub(crate) fn descend<'a>(&'a self, level: u32, key: u64, _guard: &Guard) -> Result<Node<'a>> {
+    /// read). `None` when the root is below `level`: a root split not yet installed, or a root
+    /// shrink that happened after the caller looked at the root's level (callers re-decide).
+    pub(crate) fn descend<'a>(
+        &'a self,
+        level: u32,
+        key: u64,
+        _guard: &Guard,
+    ) -> Result<Option<Node<'a>>> {
         'restart: loop {
             let mut node = self.node(self.root()?)?;
             if node.level() < level {
-                return Err(Error::corrupted(ENGINE, "descent below the root level"));
+                return Ok(None);
             }
             loop {
                 let lvl = node.level();
@@ -183,7 +189,7 @@ impl FastFair {
                             return Err(Error::corrupted(ENGINE, "sibling on another level"));
                         }
                     }
-                    Read::Done(None) => return Ok(node),
+                    Read::Done(None) => return Ok(Some(node)),
                     Read::Done(Some(child)) => {
                         node = self.node(child)?;
                         if node.level() + 1 != lvl {
@@ -198,10 +204,16 @@ impl FastFair {
         }
     }
 
+    /// Lock-free descent to the leaf whose range holds `key`.
+    pub(crate) fn leaf_for<'a>(&'a self, key: u64, guard: &Guard) -> Result<Node<'a>> {
+        // Every root is at level ≥ 0: `None` is impossible.
+        self.descend(0, key, guard)?.ok_or_else(|| Error::corrupted(ENGINE, "no leaf level"))
+    }
+
     /// Point lookup.
     pub(crate) fn lookup(&self, key: u64, guard: &Guard) -> Result<Option<u64>> {
         'restart: loop {
-            let mut node = self.descend(0, key, guard)?;
+            let mut node = self.leaf_for(key, guard)?;
             loop {
                 match self.stable(node, key, |desc| Self::leaf_search(node, key, desc))? {
                     Read::Dead => {

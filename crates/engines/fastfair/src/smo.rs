@@ -19,18 +19,33 @@
 //! high stores (same line: durable together or in order) leaves A.high > B.low: the repair sets
 //! A.high = B.low and cuts A.
 //!
-//! **Merge** of leaf R into its left sibling C (C, R and their parent P locked, in that order —
-//! level ascending, left to right), only when P holds the entry (R.low → R):
+//! **Merge** of node R into its left sibling C, at any level (C, R and their parent P locked,
+//! in that order — level ascending, left to right), only when P holds the entry (R.low → R):
 //! ```text
-//! 1. C.switch += 2; append R's entries behind C's terminator (beyond C.high: invisible); persist
+//! 1. C.switch += 2; append behind C's terminator (beyond C.high: invisible) R's entries —
+//!    internal nodes first (R.low → R.leftmost): R's leftmost child becomes an entry; all but
+//!    the first with the new terminator, persisted, then the first over the old terminator,
+//!    persisted
 //! 2. C.high = R.high; persist                 C now covers R's range; R still identical
 //! 3. FAST-delete (R.low → R) from P            searches for R's keys go to C
 //! 4. C.sibling = R.sibling; persist            R unreachable
 //! 5. R.flags = DEAD; unlock; retire R after an epoch grace period
 //! ```
 //! Crash after 2 or 3: C.high > C.sibling.low = R.low, so repair rolls the merge back (C.high =
-//! R.low, cut C) and R, if no longer in P, is re-linked like any orphan. Internal nodes are never
-//! merged (they may become empty: only a leftmost child); the root never shrinks.
+//! R.low, cut C) and R, if no longer in P, is re-linked like any orphan. Children never change:
+//! an internal merge only moves the routing entries that point to them.
+//!
+//! **Cascade.** A leaf delete that leaves N with ≤ cap/4 entries merges N with its right sibling
+//! (N absorbs it) or, if that is impossible, with its left neighbour (which absorbs N: N is
+//! released, the neighbour locked, then N again — left to right). A merge whose separator delete
+//! leaves P with ≤ cap/4 entries continues with P (still locked), and so on upward. When R's
+//! separator is not in C's parent because R is the leftmost child of the parent's right
+//! neighbour, the two parents merge first (if they fit), then C and R are tried once more.
+//!
+//! **Root shrink.** When a merge leaves the root internal with no entries (only its leftmost
+//! child X) and X has no sibling (no split of X awaits its separator), the root slot switches
+//! to X in one 8-byte persisted store, under the old root's lock; the old root is marked DEAD
+//! and retired. Repeated while the new root is itself empty.
 
 use std::sync::atomic::Ordering;
 
@@ -39,9 +54,33 @@ use numakv_pmem::alloc::epoch::Guard;
 use numakv_pmem::alloc::retire;
 use numakv_pmem::PPtr;
 
-use crate::layout::{Node, END, ENGINE, FLAG_DEAD, NODE_MAGIC};
+use crate::layout::{self, Node, END, ENGINE, FLAG_DEAD, HIDDEN, NODE_MAGIC};
 use crate::lock::WriteGuard;
 use crate::FastFair;
+
+/// What [`FastFair::merge_right`] did.
+pub(crate) enum Merge<'a> {
+    /// The right sibling was absorbed; this is the parent, still locked, which lost its entry.
+    Done(WriteGuard<'a>),
+    /// The right sibling is the leftmost child of the parent's right neighbour: the two nodes
+    /// have different parents, which would have to merge first.
+    OtherParent,
+    /// No merge: no sibling, too many entries, or a split or merge nearby still in flight.
+    No,
+}
+
+/// How [`FastFair::shrink_root`] frees an old root.
+#[derive(Clone, Copy)]
+pub(crate) enum Reclaim<'g> {
+    /// After an epoch grace period: lock-free readers may still be inside it.
+    Epoch(&'g Guard),
+    /// At once: recovery, before any other thread can see the tree.
+    Now,
+    /// Handed to the caller, which frees them after an epoch grace period it waits for itself
+    /// (the background pass of a lazy recovery, once NSM's collection is done: so that its
+    /// report, like an eager open's, leaves no block awaiting a grace period).
+    Later(&'g std::cell::RefCell<Vec<PPtr>>),
+}
 
 impl FastFair {
     /// A fresh node block (contents unspecified until [`FastFair::init_node`]).
@@ -180,9 +219,11 @@ impl FastFair {
                     }
                     continue;
                 }
+                // A root switch (this, or a shrink) happens only under the lock of the current
+                // root, here `from`, held by the caller: the root cannot change under us.
                 let r = self.alloc_node()?;
                 self.init_node(r, level, from, 0, END, PPtr::NULL, &[(key, child.raw())])?;
-                let slot = self.pool.root(crate::layout::SLOT_ROOT)?;
+                let slot = self.root_slot(layout::SLOT_ROOT)?;
                 // ORDERING: Release; pairs with the Acquire in FastFair::root.
                 slot.store(r.raw(), Ordering::Release);
                 // PERSIST: the new root was persisted whole by init_node; the root pointer
@@ -191,7 +232,12 @@ impl FastFair {
                 self.counters.root_splits.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
-            let p = self.descend(level, key, guard)?;
+            let Some(p) = self.descend(level, key, guard)? else {
+                // The root shrank below `level` after we looked (it cannot go below `from`,
+                // which has a sibling): decide again.
+                self.retry();
+                continue;
+            };
             let Some(pg) = self.lock_covering(p, key)? else {
                 self.retry();
                 continue;
@@ -210,54 +256,82 @@ impl FastFair {
         }
     }
 
-    /// Merges the right sibling of the locked leaf `g` into it when both are small and their
-    /// parent holds the sibling's separator; otherwise does nothing.
-    pub(crate) fn try_merge(&self, g: &WriteGuard<'_>, guard: &Guard) -> Result<()> {
+    /// Merges the right sibling R of the locked node `g` (C) into it when both fit in 3/4 of a
+    /// node and their parent holds R's separator; see the module docs for the steps.
+    pub(crate) fn merge_right<'a>(
+        &'a self,
+        g: &WriteGuard<'a>,
+        guard: &Guard,
+    ) -> Result<Merge<'a>> {
         let c = g.node();
+        let level = c.level();
         let r_ptr = c.sibling();
-        if r_ptr.is_null() || self.node(self.root()?)?.level() < 1 {
-            // No sibling, or the root split that made it is still being installed (checked
-            // before locking R: a thread installing a root may hold R and try-lock C).
-            return Ok(());
+        if r_ptr.is_null() || self.node(self.root()?)?.level() <= level {
+            // No sibling, or C's level is the root's: a root split is still being installed
+            // (checked before locking R: a thread installing a root may hold R and try-lock C).
+            // The root cannot shrink to C's level while we hold C and C has a sibling, so the
+            // check stays true until we unlock.
+            return Ok(Merge::No);
         }
         let rg = WriteGuard::lock(self.node(r_ptr)?, self.generation);
         let r = rg.node();
-        if r.is_dead() || r.low() != c.high() {
-            return Ok(());
+        if r.is_dead() || r.low() != c.high() || r.level() != level {
+            return Ok(Merge::No);
         }
         self.repair_entries(&rg)?;
         let (cu, ru) = (c.used(), r.used());
-        if cu + ru > self.cap * 3 / 4 {
-            return Ok(());
+        // Internal nodes take one entry more: R's leftmost child.
+        let add = if level == 0 { ru } else { ru + 1 };
+        if cu + add > self.cap * 3 / 4 {
+            return Ok(Merge::No);
         }
         let rlow = r.low();
-        let p = self.descend(1, rlow, guard)?;
-        let Some(pg) = self.lock_covering(p, rlow)? else { return Ok(()) };
+        let Some(p) = self.descend(level + 1, rlow, guard)? else { return Ok(Merge::No) };
+        let Some(pg) = self.lock_covering(p, rlow)? else { return Ok(Merge::No) };
         let pn = pg.node();
         let (pused, at) = self.locate(pn, rlow);
-        let Ok(pos) = at else { return Ok(()) };
-        if pn.val(pos) != r_ptr.raw() {
-            return Ok(());
-        }
-
-        // Step 1: append behind the terminator; the slot of the old terminator last.
-        self.bump_switch(c);
-        if ru > 0 {
-            for i in 1..ru {
-                let s = &c.entries[cu + i];
-                s.key.store(r.key(i), Ordering::Release);
-                s.val.store(r.val(i), Ordering::Release);
+        let pos = match at {
+            Ok(pos) if pn.val(pos) == r_ptr.raw() => pos,
+            // ORDERING: Acquire, as every leftmost read (published before the node).
+            Err(_)
+                if pn.low() == rlow && pn.hdr.leftmost.load(Ordering::Acquire) == r_ptr.raw() =>
+            {
+                return Ok(Merge::OtherParent)
             }
-            c.entries[cu + ru].key.store(END, Ordering::Release);
-            let s = &c.entries[cu];
-            s.key.store(crate::layout::HIDDEN, Ordering::Release);
-            s.val.store(r.val(0), Ordering::Release);
-            s.key.store(r.key(0), Ordering::Release);
+            // R is an orphan (its split's separator insert is in flight), or P is corrupted.
+            _ => return Ok(Merge::No),
+        };
+        let mut moved = Vec::with_capacity(add);
+        if level > 0 {
+            // ORDERING: Acquire; R is locked, its leftmost child does not change.
+            moved.push((rlow, r.hdr.leftmost.load(Ordering::Acquire)));
         }
-        // PERSIST: the appended entries are durable before C's range covers them.
-        let from = c.slot_addr(cu);
-        let len = c.slot_addr(cu + ru) as usize + 16 - from as usize;
-        self.pool.persist(from, len);
+        moved.extend((0..ru).map(|i| (r.key(i), r.val(i))));
+
+        // Step 1: append behind the terminator; the slot of the old terminator last, hidden
+        // first, so that until then every reader still stops at C's old end.
+        self.bump_switch(c);
+        if let Some(&(k0, v0)) = moved.first() {
+            for (i, &(k, v)) in moved.iter().enumerate().skip(1) {
+                let s = &c.entries[cu + i];
+                s.key.store(k, Ordering::Release);
+                s.val.store(v, Ordering::Release);
+            }
+            c.entries[cu + moved.len()].key.store(END, Ordering::Release);
+            // PERSIST: the tail and its new terminator are durable before the old terminator
+            // is overwritten: a durable image never holds a node without an END slot (the
+            // slots behind a terminator are garbage and may hold none).
+            let from = c.slot_addr(cu + 1);
+            let len = c.slot_addr(cu + moved.len()) as usize + 16 - from as usize;
+            self.pool.persist(from, len);
+            let s = &c.entries[cu];
+            s.key.store(HIDDEN, Ordering::Release);
+            s.val.store(v0, Ordering::Release);
+            s.key.store(k0, Ordering::Release);
+            // PERSIST: the appended entries are complete and durable before C's range covers
+            // them (step 2).
+            self.pool.persist(c.slot_addr(cu), 16);
+        }
 
         // Step 2.
         // ORDERING: Release; readers that see the larger range see the appended entries.
@@ -277,13 +351,142 @@ impl FastFair {
         // Step 5.
         // ORDERING: Release; a reader or writer that sees DEAD restarts from the root.
         r.hdr.flags.store(FLAG_DEAD, Ordering::Release);
-        drop(pg);
         drop(rg);
         // SAFETY: R came from this tree's NSM, is now unreachable from the root, the parent
         // and the sibling chain (steps 3 and 4), is retired exactly once (only the merger that
         // set DEAD gets here), and readers still inside it are protected by their epoch pin.
         unsafe { retire(&self.nsm, guard, r_ptr) };
-        self.counters.merges.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        let counter =
+            if level == 0 { &self.counters.merges } else { &self.counters.internal_merges };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(Merge::Done(pg))
+    }
+
+    /// The merge cascade from the locked node `g` (a node left with ≤ cap/4 entries): `g`
+    /// absorbs its right sibling or, failing that, its left neighbour absorbs it; if that left
+    /// the parent (still locked) with ≤ cap/4 entries, the parent goes through the same, and
+    /// so on upward; a root left without entries shrinks. Locks are taken level ascending, left
+    /// to right: to reach the left neighbour, `g` is released first.
+    pub(crate) fn rebalance<'a>(&'a self, mut g: WriteGuard<'a>, guard: &Guard) -> Result<()> {
+        loop {
+            let pg = match self.absorb_right(&g, guard)? {
+                Some(pg) => {
+                    drop(g);
+                    pg
+                }
+                None => {
+                    let n = g.node();
+                    let (level, low, ptr) = (n.level(), n.low(), n.ptr);
+                    drop(g);
+                    if low == 0 {
+                        return Ok(()); // leftmost of its level
+                    }
+                    let Some(l) = self.descend(level, low - 1, guard)? else { return Ok(()) };
+                    let Some(lg) = self.lock_covering(l, low - 1)? else { return Ok(()) };
+                    if lg.node().sibling() != ptr {
+                        return Ok(()); // changed meanwhile (split or merged away)
+                    }
+                    let Some(pg) = self.absorb_right(&lg, guard)? else { return Ok(()) };
+                    drop(lg);
+                    pg
+                }
+            };
+            g = pg;
+            let p = g.node();
+            if p.used() == 0 && self.root()? == p.ptr {
+                return self.shrink_root(g, Reclaim::Epoch(guard));
+            }
+            if p.used() > self.cap / 4 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `g` absorbs its right sibling R ([`FastFair::merge_right`]); the parent, locked, if it
+    /// did. When R's separator is in the right neighbour of `g`'s parent (R is its leftmost
+    /// child), the two parents are merged first if they fit (a cascade one level up, `g` still
+    /// locked: it locks only higher levels), then `g` and R are tried once more.
+    fn absorb_right<'a>(
+        &'a self,
+        g: &WriteGuard<'a>,
+        guard: &Guard,
+    ) -> Result<Option<WriteGuard<'a>>> {
+        match self.merge_right(g, guard)? {
+            Merge::Done(pg) => Ok(Some(pg)),
+            Merge::No => Ok(None),
+            Merge::OtherParent => {
+                let c = g.node();
+                // In C's range (C has a sibling, so its high key is finite and above its low).
+                let key = c.high() - 1;
+                let Some(p) = self.descend(c.level() + 1, key, guard)? else { return Ok(None) };
+                let Some(pg) = self.lock_covering(p, key)? else { return Ok(None) };
+                self.rebalance(pg, guard)?;
+                match self.merge_right(g, guard)? {
+                    Merge::Done(pg) => Ok(Some(pg)),
+                    Merge::OtherParent | Merge::No => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// Root shrink: while the locked `g` is the root, internal, without entries and without a
+    /// sibling, and its only child X has no sibling, switches the root slot to X (one 8-byte
+    /// store, persisted), marks the old root DEAD and frees it as `reclaim` says; then does the
+    /// same with X.
+    ///
+    /// Why X must have no sibling: a sibling of X with no entry in the root is a split of X
+    /// whose separator insert is in flight; its splitter (holding X) will put the separator
+    /// into this root — or, if it finds the root switched to X, install a new root over X.
+    /// Why no race with a root split: both switch the root slot only under the lock of the
+    /// current root and after checking, under that lock, that it is the root.
+    pub(crate) fn shrink_root<'a>(
+        &'a self,
+        mut g: WriteGuard<'a>,
+        reclaim: Reclaim<'_>,
+    ) -> Result<()> {
+        loop {
+            let r = g.node();
+            if r.is_leaf()
+                || r.is_dead()
+                || r.used() != 0
+                || !r.sibling().is_null()
+                || self.root()? != r.ptr
+            {
+                return Ok(());
+            }
+            // ORDERING: Acquire, as every leftmost read.
+            let x_ptr = PPtr::from_raw(r.hdr.leftmost.load(Ordering::Acquire));
+            let x = self.node(x_ptr)?;
+            if x.level() + 1 != r.level() {
+                return Err(Error::corrupted(ENGINE, "child level is not parent level - 1"));
+            }
+            if !x.sibling().is_null() {
+                return Ok(());
+            }
+            let slot = self.root_slot(layout::SLOT_ROOT)?;
+            // ORDERING: Release; pairs with the Acquire in FastFair::root.
+            slot.store(x_ptr.raw(), Ordering::Release);
+            // PERSIST: the root switches in one durable 8-byte store; X was durable already
+            // (it has been reachable as the root's child).
+            self.pool.persist_obj(slot);
+            // ORDERING: Release; a reader or writer that still reaches the old root restarts.
+            r.hdr.flags.store(FLAG_DEAD, Ordering::Release);
+            drop(g);
+            match reclaim {
+                // SAFETY: the old root came from this tree's NSM, is unreachable (the root slot
+                // no longer names it and no node points to a root), and only the thread that
+                // set DEAD under its lock retires it; pinned readers are protected.
+                Reclaim::Epoch(guard) => unsafe { retire(&self.nsm, guard, r.ptr) },
+                // SAFETY: as above, and no other thread can hold it: recovery runs before the
+                // tree is handed out.
+                Reclaim::Now => unsafe {
+                    numakv_pmem::alloc::PmAllocator::free(&*self.nsm, r.ptr)?
+                },
+                Reclaim::Later(list) => list.borrow_mut().push(r.ptr),
+            }
+            self.counters.root_shrinks.fetch_add(1, Ordering::Relaxed);
+            g = WriteGuard::lock(x, self.generation);
+            self.repair_entries(&g)?;
+        }
     }
 }

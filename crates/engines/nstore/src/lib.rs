@@ -1,4 +1,549 @@
-//! NStore engine (papers/nstore.txt).
+//! NStore: the NUMA-aware key-value store of papers/nstore.txt for PM-DRAM hybrid memory.
 //!
-//! Placeholder crate: the workspace layout of DESIGN.md §1 exists from the start so that the
-//! dependency direction is fixed early. Its contents arrive with issue 9.
+//! - **Nlog** ([`nlog`](crate::nlog)): per NUMA node and per hash cluster an active log file in
+//!   that node's pool; every put, update and delete appends one entry to the active file of its
+//!   cluster on the writer's own node — one local PM write, no remote PM write.
+//! - **Volatile index** ([`vindex`]): key → packed entry address in DRAM, behind the
+//!   [`VolatileIndex`] trait (scc's `TreeIndex` here; a learned index can be added).
+//! - **RAF cache** ([`cache`](crate::cache)): a DRAM hash cache whose replacement weighs each
+//!   access by the latency ratio of the reading node to the owning node (eq. 1–2), sampled every
+//!   32 gets, switched off and on by three workload signals; plain LFU and no-cache variants.
+//! - **GC** ([`gc`](crate::gc)): per-node threads walk `h_addr` history chains to mark history
+//!   entries invalid, then reclaim files whose garbage share exceeds `gc_threshold` by rewriting
+//!   their live entries into the local active file.
+//! - **Scans** ([`scan`](crate::scan)): addresses from the index, values read by per-node local
+//!   read threads.
+//! - **Recovery** ([`recovery`](crate::recovery), [`snapshot`](crate::snapshot)): a clean
+//!   shutdown persists a snapshot of the index and a flag; after a crash, one scanning thread per
+//!   group of clusters rebuilds the index keeping each key's highest version.
+//!
+//! Formats, the crash states and the GC protocol: docs/design.md, section "NStore".
+//!
+//! ```
+//! use numakv_index::{Engine, Index};
+//! use numakv_nstore::{NStore, NStoreOptions};
+//! use numakv_pmem::{Pool, PoolConfig};
+//!
+//! let pool = Pool::volatile(PoolConfig::new(NStore::engine_id(), 32 << 20))?;
+//! let opts = NStoreOptions { clusters: 4, log_file_size: 256 << 10, ..Default::default() };
+//! let store = NStore::create(pool, &opts)?;
+//! assert!(store.insert(7, 0)?);
+//! store.upsert(7, 70)?;
+//! assert_eq!(store.get(7)?, Some(70));
+//! let mut out = Vec::new();
+//! store.scan(1, 10, &mut out)?;
+//! assert_eq!(out, vec![(7, 70)]);
+//! assert!(store.remove(7)?);
+//! store.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod cache;
+mod check;
+mod gc;
+pub mod layout;
+mod nlog;
+mod recovery;
+mod scan;
+mod snapshot;
+pub mod vindex;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use numakv_index::{
+    check_key, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
+};
+use numakv_pmem::alloc::epoch;
+use numakv_pmem::{LatencyModel, Pool};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+pub use crate::cache::CacheMode;
+use crate::cache::{Cache, Probe};
+use crate::layout::{
+    NodeMeta, Op, VAddr, AUX_META, ENGINE, MAX_CLUSTERS, MAX_NODES, MAX_SLOTS, META_MAGIC,
+    OWNER_ENGINE, SLOT_FORMAT,
+};
+use crate::nlog::Nlog;
+use crate::scan::ScanPool;
+pub use crate::vindex::{SccIndex, VolatileIndex};
+
+/// Key-lock stripes (DRAM mutexes serialising the writers — and GC — of one key).
+const KEY_STRIPES: usize = 4096;
+
+/// Options of an NStore. `clusters` and `log_file_size` shape the format (recorded at create,
+/// the stored values win at open); the rest apply per session.
+#[derive(Clone, Debug)]
+pub struct NStoreOptions {
+    /// Hash clusters (default 256, §V-A). Each has an active file on every node it is written
+    /// from.
+    pub clusters: u32,
+    /// Bytes of one Nlog file (default 8 MiB, §III-C), rounded up to the pool's page size.
+    pub log_file_size: u64,
+    /// GC reclaims a sealed file once more than this share of its entries is garbage
+    /// (default 0.5, §V-F). In `0.0..1.0`.
+    pub gc_threshold: f64,
+    /// GC threads per node (default 1, §III-F); 0 turns GC off.
+    pub gc_threads_per_node: usize,
+    /// How often an idle GC thread looks for work.
+    pub gc_interval: Duration,
+    /// The DRAM cache in front of the log (default RAF).
+    pub cache: CacheMode,
+    /// DRAM bytes of the cache (default 64 MiB, §V-A).
+    pub cache_bytes: u64,
+    /// Gets between two cache samples (TF update or admission; default 32, §III-B).
+    pub cache_sample: u32,
+    /// Latency model the RAF weights come from; `None`: the process's installed model, or the
+    /// paper's Optane figures when none is installed (an emulated machine has no real gap).
+    pub raf_latency: Option<LatencyModel>,
+    /// Recovery scanning threads (default 0: one per available core, at most one per cluster).
+    pub recovery_threads: usize,
+    /// Local read threads per node for scans (default 1); 0 reads from the calling thread.
+    pub scan_threads_per_node: usize,
+    /// Write a snapshot of the index at clean shutdown (default true, §III-G).
+    pub snapshot_on_close: bool,
+}
+
+impl Default for NStoreOptions {
+    fn default() -> Self {
+        NStoreOptions {
+            clusters: 256,
+            log_file_size: 8 << 20,
+            gc_threshold: 0.5,
+            gc_threads_per_node: 1,
+            gc_interval: Duration::from_millis(20),
+            cache: CacheMode::Raf,
+            cache_bytes: 64 << 20,
+            cache_sample: 32,
+            raf_latency: None,
+            recovery_threads: 0,
+            scan_threads_per_node: 1,
+            snapshot_on_close: true,
+        }
+    }
+}
+
+impl NStoreOptions {
+    /// Checks the session options.
+    fn validate(&self) -> Result<()> {
+        if !(0.0..1.0).contains(&self.gc_threshold) {
+            return Err(Error::InvalidOptions(format!(
+                "gc_threshold {} must be in 0.0..1.0",
+                self.gc_threshold
+            )));
+        }
+        if self.cache_sample == 0 {
+            return Err(Error::InvalidOptions("cache_sample must be ≥ 1".into()));
+        }
+        Ok(())
+    }
+
+    /// Checks the format options against `pool`; returns the file size in pages.
+    fn file_pages(&self, pool: &Pool) -> Result<u32> {
+        if self.clusters == 0 || self.clusters > MAX_CLUSTERS {
+            return Err(Error::InvalidOptions(format!(
+                "clusters {} must be in 1..={MAX_CLUSTERS}",
+                self.clusters
+            )));
+        }
+        let pages = self.log_file_size.div_ceil(pool.page_size()).max(1);
+        let slots = (pages * pool.page_size() - layout::FILE_HEADER) / layout::ENTRY_SIZE;
+        if pages >= 1 << 24 || slots > MAX_SLOTS {
+            return Err(Error::InvalidOptions(format!(
+                "log_file_size {} is too large (at most {} entries per file)",
+                self.log_file_size, MAX_SLOTS
+            )));
+        }
+        Ok(pages as u32)
+    }
+}
+
+/// Event counters (DRAM, per session).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub gc_files: AtomicU64,
+    pub gc_rewritten: AtomicU64,
+    pub gc_invalidated: AtomicU64,
+    pub gc_errors: AtomicU64,
+    pub read_retries: AtomicU64,
+}
+
+/// Shared by the handle and its background threads.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub pool: Arc<Pool>,
+    pub nlog: Nlog,
+    pub index: Box<dyn VolatileIndex>,
+    locks: Box<[Mutex<()>]>,
+    pub cache: Option<Cache>,
+    pub opts: NStoreOptions,
+    /// Set when the handle shuts down: background threads stop.
+    pub stop: AtomicBool,
+    pub wake: (Mutex<bool>, Condvar),
+    pub counters: Counters,
+}
+
+/// splitmix64's finaliser: the key hash that picks the cluster (high half), the key-lock
+/// stripe and the cache bucket (low half).
+#[inline]
+pub(crate) fn hash(key: u64) -> u64 {
+    let mut z = key.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The calling thread's node, as an index into this store's nodes.
+#[inline]
+pub(crate) fn my_node(nodes: usize) -> usize {
+    numakv_numa::current_node() % nodes.max(1)
+}
+
+/// What a write does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteKind {
+    Insert,
+    Upsert,
+    Update,
+    Remove,
+}
+
+impl Inner {
+    pub(crate) fn new(
+        pool: Arc<Pool>,
+        nlog: Nlog,
+        index: Box<dyn VolatileIndex>,
+        opts: NStoreOptions,
+    ) -> Inner {
+        let cache = Cache::new(&opts, pool.nodes());
+        Inner {
+            pool,
+            nlog,
+            index,
+            locks: (0..KEY_STRIPES).map(|_| Mutex::new(())).collect(),
+            cache,
+            opts,
+            stop: AtomicBool::new(false),
+            wake: (Mutex::new(false), Condvar::new()),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The lock of `key`'s stripe.
+    pub(crate) fn lock_key(&self, key: u64) -> MutexGuard<'_, ()> {
+        self.locks[(hash(key) as usize) % KEY_STRIPES].lock()
+    }
+
+    /// Counts the entry at `va` as garbage in its file.
+    pub(crate) fn mark_dead(&self, va: VAddr) {
+        if let Some(f) = self.nlog.file(va.node(), va.file()) {
+            f.dead.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Put, update, upsert, delete: §III-E "Write".
+    fn write(&self, key: u64, value: u64, kind: WriteKind) -> Result<bool> {
+        let h = hash(key);
+        let _key = self.lock_key(key);
+        let old = self.index.get(key);
+        let op = match (kind, old) {
+            (WriteKind::Insert, Some(_)) | (WriteKind::Update | WriteKind::Remove, None) => {
+                return Ok(false)
+            }
+            (WriteKind::Remove, Some(_)) => Op::Del,
+            (_, Some(_)) => Op::Upd,
+            (_, None) => Op::Ins,
+        };
+        let node = my_node(self.nlog.nodes);
+        let cluster = self.nlog.cluster_of(h);
+        let (file, slot) = self.nlog.reserve(node, cluster)?;
+        let version = self.nlog.next_version(cluster);
+        let h_addr = old.map_or(0, |v| v.0);
+        let va = self.nlog.write(&file, slot, op, version, h_addr, key, value)?;
+        if op == Op::Del {
+            self.index.remove(key);
+            // A delete entry is garbage from birth; GC keeps it only until its history is
+            // invalidated (docs/design.md, "NStore", GC).
+            file.dead.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.index.set(key, va);
+        }
+        if let Some(o) = old {
+            self.mark_dead(o);
+        }
+        if let Some(c) = &self.cache {
+            if old.is_some() {
+                c.on_write(key, (op != Op::Del).then_some((value, node)));
+            }
+            c.tick_write();
+        }
+        Ok(true)
+    }
+
+    /// Reads the value of the entry at `va` for `key`; `None` when the file is gone (reclaimed
+    /// after the address was read — the caller re-reads the index). Needs a pinned epoch guard.
+    pub(crate) fn read_at(&self, key: u64, va: VAddr) -> Result<Option<u64>> {
+        let Some(e) = self.nlog.locate(va)? else {
+            self.counters.read_retries.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        let k = e.key.load(Ordering::Acquire);
+        if k != key {
+            return Err(layout::corrupted(format!(
+                "index maps key {key} to {:#x}, which holds key {k}",
+                va.0
+            )));
+        }
+        Ok(Some(e.value.load(Ordering::Acquire)))
+    }
+
+    /// Index + Nlog read, retrying when GC moved the entry meanwhile.
+    pub(crate) fn lookup(&self, key: u64) -> Result<Option<(u64, VAddr)>> {
+        loop {
+            let Some(va) = self.index.get(key) else { return Ok(None) };
+            if let Some(v) = self.read_at(key, va)? {
+                return Ok(Some((v, va)));
+            }
+        }
+    }
+
+    fn get(&self, key: u64) -> Result<Option<u64>> {
+        let _guard = epoch::pin();
+        let Some(cache) = &self.cache else {
+            return Ok(self.lookup(key)?.map(|(v, _)| v));
+        };
+        let reader = my_node(self.nlog.nodes);
+        match cache.probe(key, reader) {
+            Probe::Hit(v) => Ok(Some(v)),
+            Probe::Miss { epoch, admit } => {
+                let found = self.lookup(key)?;
+                if let (Some((v, va)), true) = (found, admit) {
+                    cache.admit(key, v, va.node(), reader, epoch);
+                }
+                Ok(found.map(|(v, _)| v))
+            }
+            Probe::Off => Ok(self.lookup(key)?.map(|(v, _)| v)),
+        }
+    }
+
+    /// Wakes the background threads (shutdown).
+    pub(crate) fn wake_all(&self) {
+        let mut w = self.wake.0.lock();
+        *w = true;
+        self.wake.1.notify_all();
+    }
+}
+
+/// An NStore in a pool; see the [crate docs](crate).
+#[derive(Debug)]
+pub struct NStore {
+    inner: Arc<Inner>,
+    scan: Option<ScanPool>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl NStore {
+    /// Builds the handle and starts the GC and scan threads.
+    pub(crate) fn start(inner: Inner) -> NStore {
+        let inner = Arc::new(inner);
+        let mut workers = Vec::new();
+        let per_node = inner.opts.gc_threads_per_node;
+        for node in 0..inner.nlog.nodes {
+            for i in 0..per_node {
+                let inner = Arc::clone(&inner);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("nstore-gc-{node}.{i}"))
+                    .spawn(move || gc::run(&inner, node, i, per_node));
+                // A GC thread that cannot be spawned leaves garbage uncollected, nothing worse.
+                if let Ok(h) = spawned {
+                    workers.push(h);
+                }
+            }
+        }
+        let scan = ScanPool::start(&inner);
+        NStore { inner, scan, workers }
+    }
+
+    /// Stops the background threads (idempotent).
+    fn shutdown(&mut self) {
+        // ORDERING: Release; the threads' Acquire loads see it and exit.
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake_all();
+        if let Some(s) = self.scan.take() {
+            s.stop();
+        }
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    /// Runs one GC pass over every node's files now (from the calling thread), as the GC threads
+    /// do in the background; returns the files reclaimed. For tests and benchmarks.
+    pub fn collect_garbage(&self) -> Result<u64> {
+        let mut n = 0;
+        for node in 0..self.inner.nlog.nodes {
+            let prev = numakv_numa::current_node();
+            numakv_numa::set_current_node(node);
+            let r = gc::collect(&self.inner, node, 0, 1);
+            numakv_numa::set_current_node(prev);
+            n += r?;
+        }
+        Ok(n)
+    }
+
+    /// Whether the cache currently serves gets (the three signals of §III-B switch it).
+    pub fn cache_enabled(&self) -> bool {
+        self.inner.cache.as_ref().is_some_and(Cache::enabled)
+    }
+
+    /// The options of this session (format options as stored).
+    pub fn options(&self) -> &NStoreOptions {
+        &self.inner.opts
+    }
+}
+
+impl Drop for NStore {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Index for NStore {
+    fn name(&self) -> &'static str {
+        ENGINE
+    }
+
+    fn insert(&self, key: u64, value: u64) -> Result<bool> {
+        check_key(key)?;
+        self.inner.write(key, value, WriteKind::Insert)
+    }
+
+    fn upsert(&self, key: u64, value: u64) -> Result<()> {
+        check_key(key)?;
+        self.inner.write(key, value, WriteKind::Upsert).map(|_| ())
+    }
+
+    fn update(&self, key: u64, value: u64) -> Result<bool> {
+        check_key(key)?;
+        self.inner.write(key, value, WriteKind::Update)
+    }
+
+    fn get(&self, key: u64) -> Result<Option<u64>> {
+        check_key(key)?;
+        self.inner.get(key)
+    }
+
+    fn remove(&self, key: u64) -> Result<bool> {
+        check_key(key)?;
+        self.inner.write(key, 0, WriteKind::Remove)
+    }
+
+    fn scan(&self, start: u64, max: usize, out: &mut Vec<(u64, u64)>) -> Result<usize> {
+        if max == 0 || start == u64::MAX {
+            return Ok(0);
+        }
+        scan::scan(&self.inner, self.scan.as_ref(), start.max(1), max, out)
+    }
+
+    fn stats(&self) -> EngineStats {
+        let inner = &self.inner;
+        let pool = &inner.pool;
+        let page = pool.page_size();
+        let pm_bytes_per_node = (0..pool.nodes())
+            .map(|n| {
+                pool.extents(n)
+                    .map(|x| {
+                        x.iter().filter(|e| e.owner == OWNER_ENGINE).map(|e| e.pages * page).sum()
+                    })
+                    .unwrap_or(0)
+            })
+            .collect();
+        let c = &inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut counters = vec![
+            ("files_created", get(&inner.nlog.files_created)),
+            ("gc_files_reclaimed", get(&c.gc_files)),
+            ("gc_entries_rewritten", get(&c.gc_rewritten)),
+            ("gc_history_invalidated", get(&c.gc_invalidated)),
+            ("gc_errors", get(&c.gc_errors)),
+            ("read_retries", get(&c.read_retries)),
+        ];
+        let mut dram = inner.index.dram_bytes();
+        if let Some(cache) = &inner.cache {
+            counters.extend(cache.counters());
+            dram += cache.dram_bytes();
+        }
+        EngineStats { pm_bytes_per_node, dram_bytes: dram, counters }
+    }
+
+    fn check(&self) -> Result<CheckReport> {
+        check::check(&self.inner)
+    }
+}
+
+impl Engine for NStore {
+    type Options = NStoreOptions;
+
+    const NAME: &'static str = "nstore";
+    const FORMAT_VERSION: u32 = 1;
+
+    fn create(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<NStore> {
+        opts.validate()?;
+        let file_pages = opts.file_pages(&pool)?;
+        if pool.header().engine.name != Self::NAME {
+            return Err(Error::InvalidOptions(format!(
+                "pool belongs to engine {:?}, not {}",
+                pool.header().engine.name,
+                Self::NAME
+            )));
+        }
+        if pool.nodes() > MAX_NODES {
+            return Err(Error::InvalidOptions(format!(
+                "nstore addresses at most {MAX_NODES} nodes, the pool has {}",
+                pool.nodes()
+            )));
+        }
+        let format = pool.root(SLOT_FORMAT)?;
+        if format.load(Ordering::Acquire) != 0 {
+            return Err(Error::InvalidOptions("pool already holds an nstore".into()));
+        }
+        let mut metas = Vec::new();
+        for node in 0..pool.nodes() {
+            let p = pool.alloc_pages(node, 1, OWNER_ENGINE, AUX_META)?;
+            let m: &NodeMeta = pool.get(p)?;
+            m.node.store(node as u64, Ordering::Relaxed);
+            m.id_hwm.store(1, Ordering::Relaxed);
+            m.magic.store(META_MAGIC, Ordering::Relaxed);
+            // PERSIST: the meta page is complete before the format word makes the store exist.
+            pool.persist_obj(m);
+            metas.push((p, 1));
+        }
+        format.store(layout::format_word(opts.clusters, file_pages), Ordering::Release);
+        // PERSIST: the format word is the commit point of create; a crash before it leaves a
+        // store that open refuses as never initialised.
+        pool.persist_obj(format);
+        let nlog = Nlog::new(Arc::clone(&pool), opts.clusters, file_pages, metas);
+        let inner = Inner::new(pool, nlog, Box::new(SccIndex::new()), opts.clone());
+        Ok(NStore::start(inner))
+    }
+
+    fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, RecoveryReport)> {
+        opts.validate()?;
+        recovery::open(pool, opts)
+    }
+
+    fn close(mut self) -> Result<()> {
+        self.shutdown();
+        if self.inner.opts.snapshot_on_close {
+            snapshot::write(&self.inner)?;
+        }
+        self.inner.pool.close()?;
+        Ok(())
+    }
+
+    fn pool(&self) -> &Arc<Pool> {
+        &self.inner.pool
+    }
+}

@@ -1,0 +1,304 @@
+//! The persistent engines as benchmark [`Target`]s, built through the `numakv` facade: one target
+//! per engine with the paper's default options, plus named variants that change one mechanism
+//! (e.g. NUMA-oblivious placement) so a run shows what the mechanism buys.
+//!
+//! Every run gets a fresh store in the runner's scratch directory, with the run's node count
+//! (emulated nodes where the machine has fewer), persistence mode and topology, and node files
+//! sized for the run's key count (files are sparse: only touched pages take memory).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use numakv::{EngineKind, EngineOptions, Index, Options, Store};
+
+use crate::error::{BenchError, Result};
+use crate::target::{Reopen, Target, TargetEnv, TargetInstance};
+
+/// PM bytes budgeted per key when sizing node files: generous for every engine (FAST&FAIR at
+/// half-full 512-byte nodes needs about 40), since files are sparse and an out-of-space run is
+/// a failed run.
+const BYTES_PER_KEY: u64 = 256;
+
+/// Node-file slack on top of the per-key budget (headers, page heap, allocator metadata).
+const SLACK_BYTES: u64 = 64 << 20;
+
+/// An engine, with options, as a benchmark target.
+#[derive(Clone, Debug)]
+pub struct EngineTarget {
+    name: String,
+    description: String,
+    kind: EngineKind,
+    options: EngineOptions,
+}
+
+impl EngineTarget {
+    /// `kind` with its paper defaults, under the engine's own name.
+    pub fn new(kind: EngineKind) -> EngineTarget {
+        EngineTarget {
+            name: kind.name().to_owned(),
+            description: format!("{} engine, paper defaults ({})", kind.name(), describe(kind)),
+            kind,
+            options: kind.default_options(),
+        }
+    }
+
+    /// A named variant of `kind`: its defaults with `settings` (`key`, `value`) applied.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::Config`] if a setting is not one of the engine's options.
+    pub fn variant(
+        name: &str,
+        description: &str,
+        kind: EngineKind,
+        settings: &[(&str, &str)],
+    ) -> Result<EngineTarget> {
+        let mut options = kind.default_options();
+        for (key, value) in settings {
+            options.set(key, value).map_err(|e| BenchError::Config(format!("{name}: {e}")))?;
+        }
+        Ok(EngineTarget {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            kind,
+            options,
+        })
+    }
+
+    /// The engine options this target creates stores with.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+}
+
+fn describe(kind: EngineKind) -> String {
+    let values = kind.default_options().values();
+    values.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+}
+
+/// A named variant of an engine: its paper defaults with some options changed.
+struct Variant {
+    name: &'static str,
+    kind: EngineKind,
+    settings: &'static [(&'static str, &'static str)],
+    /// What the variant shows, for `--list`.
+    description: &'static str,
+}
+
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "fastfair-interleave",
+        kind: EngineKind::FastFair,
+        settings: &[("nsm_mode", "round-robin")],
+        description: "fastfair engine with NUMA-oblivious placement: nodes from every NUMA node \
+                      in turn (the original FAST&FAIR on interleaved PM)",
+    },
+    Variant {
+        name: "nobtree-nomigrate",
+        kind: EngineKind::Nobtree,
+        settings: &[("migration", "off")],
+        description: "nobtree engine with the migration coordinator off: replicated upper layer \
+                      and round-robin bottom nodes only (papers/nobtree.txt §III-D ablation)",
+    },
+    Variant {
+        name: "nstore-lfu",
+        kind: EngineKind::NStore,
+        settings: &[("cache", "lfu")],
+        description: "nstore engine with an unweighted (plain LFU) cache instead of RAF: every \
+                      access counts 1, local or remote (papers/nstore.txt Figs. 10-11)",
+    },
+    Variant {
+        name: "nstore-nocache",
+        kind: EngineKind::NStore,
+        settings: &[("cache", "off")],
+        description: "nstore engine without the DRAM cache (NStore-w/o-RAF, papers/nstore.txt \
+                      Fig. 11)",
+    },
+];
+
+/// Every engine with its paper defaults, then the variants, in [`EngineKind::all`] order.
+pub fn all() -> Vec<Arc<dyn Target>> {
+    let mut out: Vec<Arc<dyn Target>> = Vec::new();
+    for &kind in EngineKind::all() {
+        out.push(Arc::new(EngineTarget::new(kind)));
+        for v in VARIANTS.iter().filter(|v| v.kind == kind) {
+            // The variants are fixed above and tested below: a failure here is a bug.
+            let target = EngineTarget::variant(v.name, v.description, v.kind, v.settings)
+                .unwrap_or_else(|e| panic!("variant {}: {e}", v.name));
+            out.push(Arc::new(target));
+        }
+    }
+    out
+}
+
+/// Every target `numakv bench` knows: the engines and their variants, then the DRAM peers.
+pub fn available() -> Vec<Arc<dyn Target>> {
+    let mut out = all();
+    out.extend(crate::peers::all());
+    out
+}
+
+/// What the word `default` selects in `--engines`: every engine with its paper defaults, then
+/// the DRAM peers — the comparison `numakv bench` runs without arguments (the variants, which
+/// each change one mechanism, are for targeted runs and `all`).
+pub fn default_names() -> Vec<String> {
+    let engines = EngineKind::all().iter().map(|k| k.name().to_owned());
+    engines.chain(crate::peers::all().iter().map(|p| p.name())).collect()
+}
+
+/// [`crate::target::resolve`] over [`available`], where `default` stands for
+/// [`default_names`] and `all` for everything.
+///
+/// # Errors
+///
+/// As [`crate::target::resolve`].
+pub fn select(names: &[String]) -> Result<Vec<Arc<dyn Target>>> {
+    let mut expanded = Vec::new();
+    for entry in names.iter().flat_map(|n| n.split(',')).map(str::trim) {
+        if entry.eq_ignore_ascii_case("default") {
+            expanded.extend(default_names());
+        } else {
+            expanded.push(entry.to_owned());
+        }
+    }
+    crate::target::resolve(&expanded, &available())
+}
+
+impl Target for EngineTarget {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn description(&self) -> String {
+        self.description.clone()
+    }
+
+    fn persistent(&self) -> bool {
+        true
+    }
+
+    fn open(&self, env: &TargetEnv) -> Result<Box<dyn TargetInstance>> {
+        let nodes = env.topology.node_count();
+        let page = numakv::Options::default().page_size;
+        let capacity = env
+            .max_keys
+            .saturating_mul(BYTES_PER_KEY)
+            .saturating_add(SLACK_BYTES)
+            .saturating_add(self.options.min_capacity_per_node(page));
+        // Round up to the page-heap page so the last page is whole.
+        let capacity = capacity.div_ceil(page) * page;
+        let opts = Options::default()
+            .nodes(nodes)
+            .capacity_per_node(capacity)
+            .mode(env.persist)
+            .topology(Arc::clone(&env.topology))
+            .engine(self.options.clone());
+        let dir = env.dir.join("store");
+        let store =
+            Store::create(&dir, self.kind, opts.clone()).map_err(|e| BenchError::Target {
+                target: self.name.clone(),
+                message: format!("create in {}: {e}", dir.display()),
+            })?;
+        Ok(Box::new(EngineInstance {
+            name: self.name.clone(),
+            dir,
+            opts,
+            store: Some(Arc::new(store)),
+        }))
+    }
+}
+
+/// A live store of an [`EngineTarget`].
+struct EngineInstance {
+    name: String,
+    dir: PathBuf,
+    opts: Options,
+    /// `None` only between a failed reopen and the drop.
+    store: Option<Arc<Store>>,
+}
+
+impl EngineInstance {
+    fn err(&self, what: &str, e: impl std::fmt::Display) -> BenchError {
+        BenchError::Target { target: self.name.clone(), message: format!("{what}: {e}") }
+    }
+}
+
+impl TargetInstance for EngineInstance {
+    fn index(&self) -> Arc<dyn Index> {
+        match &self.store {
+            Some(s) => Arc::clone(s) as Arc<dyn Index>,
+            // reopen() failed and the runner still asked: an index that reports the failure is
+            // not worth the complexity; the runner never does this (it stops at the error).
+            None => panic!("{}: index() after a failed reopen", self.name),
+        }
+    }
+
+    fn reopen(&mut self, how: Reopen) -> Result<Option<Duration>> {
+        let store = self.store.take().ok_or_else(|| self.err("reopen", "store is gone"))?;
+        let store = Arc::try_unwrap(store)
+            .map_err(|_| self.err("reopen", "the index is still shared by a worker"))?;
+        match how {
+            Reopen::Clean => store.close().map_err(|e| self.err("close", e))?,
+            // Dropping without close leaves the clean flag unset: the next open runs the
+            // engine's recovery over what the process wrote (a process crash; every store
+            // reached the page cache).
+            Reopen::Crash => drop(store),
+        }
+        let start = Instant::now();
+        let store = Store::open_with(&self.dir, &self.opts).map_err(|e| self.err("open", e))?;
+        let elapsed = start.elapsed();
+        self.store = Some(Arc::new(store));
+        Ok(Some(elapsed))
+    }
+}
+
+impl Drop for EngineInstance {
+    fn drop(&mut self) {
+        // Close cleanly so the scratch store is not left "crashed"; the directory is removed by
+        // the runner anyway, so a failure here only matters to nobody.
+        if let Some(store) = self.store.take().and_then(|s| Arc::try_unwrap(s).ok()) {
+            let _ = store.close();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_engine_and_variant_is_listed_with_a_distinct_name() {
+        let targets = available();
+        let mut names: Vec<String> = targets.iter().map(|t| t.name()).collect();
+        for &kind in EngineKind::all() {
+            assert!(names.iter().any(|n| n == kind.name()), "{names:?}");
+        }
+        for v in VARIANTS {
+            assert!(names.iter().any(|n| n == v.name), "{names:?}");
+        }
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate target names");
+        assert!(targets.iter().take(all().len()).all(|t| t.persistent()));
+    }
+
+    #[test]
+    fn default_is_every_engine_and_peer_without_variants() {
+        let picked = select(&["default".into()]).unwrap();
+        let names: Vec<String> = picked.iter().map(|t| t.name()).collect();
+        assert_eq!(names, default_names());
+        assert_eq!(names.len(), EngineKind::all().len() + crate::peers::all().len());
+        assert!(VARIANTS.iter().all(|v| !names.iter().any(|n| n == v.name)));
+        let mixed = select(&["fastfair-interleave,default".into()]).unwrap();
+        assert_eq!(mixed.len(), names.len() + 1);
+        assert_eq!(select(&["all".into()]).unwrap().len(), available().len());
+    }
+
+    #[test]
+    fn bad_variant_settings_are_config_errors() {
+        let e = EngineTarget::variant("x", "", EngineKind::FastFair, &[("no_such", "1")]);
+        assert!(matches!(e, Err(BenchError::Config(m)) if m.contains("no_such")));
+    }
+}

@@ -1,0 +1,526 @@
+//! The migration coordinator (papers/nobtree.txt §III-D).
+//!
+//! **Identifying nodes.** Every `sample_every`-th operation of a thread (the paper's every
+//! tenth) records, in a DRAM hash table keyed by the leaf's node id, whether the access was
+//! local or remote (the leaf's PM node against the thread's node). A leaf whose sampled
+//! accesses in the current window reach `hot_threshold` and are mostly remote (`remote_share`)
+//! goes into the global queue with its parent (from the descent), the previous sibling (found
+//! again by the coordinator: it may change before the migration runs) and the target node (the
+//! accessing thread's). The table is cleared every `window` samples (the monitoring window).
+//!
+//! **Migrating** (the coordinator thread, [`Tree::migrate`]): lock the previous sibling `L`,
+//! the node `O`, the parent `P` (left to right, then upwards: no other thread ever holds two
+//! node locks, so this cannot deadlock); abort unless `L`'s functional sibling is `O` and `P`
+//! references `O` (a structural modification touched them since the node was queued); copy `O`
+//! to a new node `O'` on the target node (durable); arm the PM log `{old, new, parent, prev}`;
+//! point `P`'s reference and `L`'s sibling (shadow pointer + `sib_ver` flip) to `O'`; mark `O`
+//! obsolete; disarm the log; unlock; retire `O` under the epoch. Readers are never blocked:
+//! one inside `O` fails validation (the unlock moves its version), sees the obsolete flag and
+//! restarts from the upper layer.
+//!
+//! **Crash consistency.** The two reference updates cannot be made atomic together, hence the
+//! log: `O'` is complete and durable before the log is armed, so recovery *redoes* an armed log
+//! ([`recover_log`]): whichever of the two references still names `O` is pointed to `O'`.
+//! Before the log is armed nothing references `O'` (garbage collection frees it); after it is
+//! disarmed both references name `O'` (`O` is unreachable and collected).
+//!
+//! Not migrated: nodes of level > 0 (the paper monitors leaves), the first node of a level (no
+//! previous sibling; the upper layer may point at an old head), and leaves that are subindex
+//! roots (height threshold 1: the upper replicas point at them).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use numakv_index::{Error, Result};
+use numakv_pmem::alloc::epoch;
+use numakv_pmem::alloc::PmAllocator;
+use numakv_pmem::{PPtr, Pool};
+use parking_lot::{Condvar, Mutex};
+
+use crate::bottom::{find, init_node, Step};
+use crate::layout::{
+    self, meta_word, sl_count, sl_pos, st_sib_ver, st_with, MigLog, Node, FLAG_OBSOLETE,
+    MIGLOG_ACTIVE, NODE_SIZE,
+};
+use crate::lock::WriteGuard;
+use crate::Tree;
+
+/// Options of the migration coordinator.
+#[derive(Clone, Debug)]
+pub struct MigrationOptions {
+    /// Run the coordinator (statistics, queue, background thread).
+    pub enabled: bool,
+    /// Sample one operation in this many per thread (the paper: 10).
+    pub sample_every: u32,
+    /// Samples after which the statistics table is cleared (the monitoring window).
+    pub window: u64,
+    /// Sampled accesses within a window that make a leaf hot.
+    pub hot_threshold: u32,
+    /// Share of remote accesses above which a hot leaf is queued (0.5: "the majority").
+    pub remote_share: f64,
+    /// Most queued migrations; further candidates are dropped until the queue drains.
+    pub queue_capacity: usize,
+}
+
+impl Default for MigrationOptions {
+    fn default() -> Self {
+        MigrationOptions {
+            enabled: true,
+            sample_every: 10,
+            window: 1 << 16,
+            hot_threshold: 8,
+            remote_share: 0.5,
+            queue_capacity: 1024,
+        }
+    }
+}
+
+impl MigrationOptions {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.sample_every == 0 || self.window == 0 || self.hot_threshold == 0 {
+            return Err(Error::InvalidOptions(
+                "migration: sample_every, window and hot_threshold must be positive".into(),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.remote_share) {
+            return Err(Error::InvalidOptions("migration: remote_share must be in [0, 1)".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One queued migration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Candidate {
+    node: PPtr,
+    id: u64,
+    parent: PPtr,
+    target: usize,
+}
+
+/// Statistics shards (DRAM hash table keyed by node id).
+const SHARDS: usize = 16;
+
+/// One shard: node id → (local, remote) sampled accesses in the window.
+type StatsShard = HashMap<u64, (u32, u32)>;
+
+#[derive(Debug, Default)]
+struct MigCounters {
+    sampled: AtomicU64,
+    queued: AtomicU64,
+    migrated: AtomicU64,
+    aborted: AtomicU64,
+}
+
+thread_local! {
+    static TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The coordinator: statistics, queue, background thread.
+#[derive(Debug)]
+pub(crate) struct Migrator {
+    opts: MigrationOptions,
+    nodes: usize,
+    stats: Box<[Mutex<StatsShard>]>,
+    samples: AtomicU64,
+    queue: Mutex<VecDeque<Candidate>>,
+    wake: Condvar,
+    /// Set while the coordinator works on a popped candidate (for `drain`).
+    busy: AtomicBool,
+    /// Holders of [`Migrator::pause`]; the coordinator takes no candidate while nonzero.
+    paused: AtomicU64,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    counters: MigCounters,
+}
+
+impl Migrator {
+    pub(crate) fn new(opts: MigrationOptions, nodes: usize) -> Migrator {
+        Migrator {
+            opts,
+            nodes,
+            stats: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            samples: AtomicU64::new(0),
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            busy: AtomicBool::new(false),
+            paused: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            counters: MigCounters::default(),
+        }
+    }
+
+    /// Starts the coordinator thread (holding only a weak reference: dropping the tree ends it).
+    pub(crate) fn start(&self, tree: &Arc<Tree>) -> Result<()> {
+        if self.nodes < 2 {
+            return Ok(()); // nothing is ever remote
+        }
+        let weak: Weak<Tree> = Arc::downgrade(tree);
+        let h = std::thread::Builder::new()
+            .name("nobtree-migrate".into())
+            .spawn(move || coordinator(weak))
+            .map_err(|e| Error::Unsupported(format!("cannot start the migration thread: {e}")))?;
+        *self.thread.lock() = Some(h);
+        Ok(())
+    }
+
+    /// Stops and joins the coordinator; idempotent.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.notify_all();
+        let h = self.thread.lock().take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Holds the coordinator off (for `check()`, which must see a quiescent tree): returns once
+    /// no migration runs, and none starts until the guard is dropped.
+    pub(crate) fn pause(&self) -> PauseGuard<'_> {
+        {
+            let _q = self.queue.lock();
+            // ORDERING: under the queue mutex, which the coordinator holds when it checks the
+            // count and sets `busy`: after this, no new migration starts.
+            self.paused.fetch_add(1, Ordering::Relaxed);
+        }
+        // ORDERING: Acquire; pairs with the Release that clears `busy` after a migration, so
+        // its stores are visible to the pausing thread.
+        while self.busy.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        PauseGuard(self)
+    }
+
+    /// Waits until the queue is empty and no migration runs.
+    pub(crate) fn drain(&self) {
+        loop {
+            let empty = self.queue.lock().is_empty();
+            if (empty && !self.busy.load(Ordering::Acquire))
+                || self.stop.load(Ordering::Acquire)
+                || self.thread.lock().is_none()
+            {
+                return;
+            }
+            self.wake.notify_all();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub(crate) fn counters(&self) -> Vec<(&'static str, u64)> {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("migration_samples", g(&c.sampled)),
+            ("migrations_queued", g(&c.queued)),
+            ("migrations", g(&c.migrated)),
+            ("migrations_aborted", g(&c.aborted)),
+        ]
+    }
+
+    pub(crate) fn dram_bytes(&self) -> u64 {
+        let entries: usize = self.stats.iter().map(|s| s.lock().capacity()).sum();
+        (entries * 24) as u64
+    }
+
+    /// Records an access to leaf `n` at `ptr` (every `sample_every`-th call of this thread).
+    #[inline]
+    pub(crate) fn sample(&self, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+        let tick = TICK.with(|t| {
+            let v = t.get().wrapping_add(1);
+            t.set(v);
+            v
+        });
+        if tick % self.opts.sample_every != 0 || self.nodes < 2 {
+            return;
+        }
+        self.record(n, ptr, path);
+    }
+
+    #[cold]
+    fn record(&self, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+        self.counters.sampled.fetch_add(1, Ordering::Relaxed);
+        if self.samples.fetch_add(1, Ordering::Relaxed) % self.opts.window == self.opts.window - 1 {
+            for s in self.stats.iter() {
+                s.lock().clear();
+            }
+        }
+        let id = n.hdr.id.load(Ordering::Relaxed);
+        let here = numakv_pmem::numa::current_node() % self.nodes;
+        let remote = ptr.node() != here;
+        let hot = {
+            let mut shard = self.stats[(id as usize) % SHARDS].lock();
+            let e = shard.entry(id).or_insert((0, 0));
+            if remote {
+                e.1 += 1;
+            } else {
+                e.0 += 1;
+            }
+            let total = e.0 + e.1;
+            let hot = total >= self.opts.hot_threshold
+                && f64::from(e.1) > self.opts.remote_share * f64::from(total);
+            if hot {
+                shard.remove(&id);
+            }
+            hot
+        };
+        if hot {
+            let mut q = self.queue.lock();
+            if q.len() < self.opts.queue_capacity {
+                q.push_back(Candidate {
+                    node: ptr,
+                    id,
+                    parent: path.get(1).copied().unwrap_or(PPtr::NULL),
+                    target: here,
+                });
+                self.counters.queued.fetch_add(1, Ordering::Relaxed);
+                self.wake.notify_one();
+            }
+        }
+    }
+}
+
+/// Keeps the coordinator paused while alive (see [`Migrator::pause`]).
+#[derive(Debug)]
+pub(crate) struct PauseGuard<'a>(&'a Migrator);
+
+impl Drop for PauseGuard<'_> {
+    fn drop(&mut self) {
+        self.0.paused.fetch_sub(1, Ordering::Relaxed);
+        self.0.wake.notify_all();
+    }
+}
+
+/// The coordinator thread's loop.
+fn coordinator(tree: Weak<Tree>) {
+    loop {
+        let Some(t) = tree.upgrade() else { return };
+        let Some(m) = t.migrator.as_ref() else { return };
+        if m.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let next = {
+            let mut q = m.queue.lock();
+            if q.is_empty() {
+                m.wake.wait_for(&mut q, Duration::from_millis(20));
+            }
+            let c = if m.paused.load(Ordering::Relaxed) == 0 { q.pop_front() } else { None };
+            if c.is_some() {
+                m.busy.store(true, Ordering::Release);
+            }
+            c
+        };
+        if let Some(c) = next {
+            if c.node.node() != c.target {
+                match t.migrate(c.node, c.id, c.parent, c.target) {
+                    Ok(true) => m.counters.migrated.fetch_add(1, Ordering::Relaxed),
+                    _ => m.counters.aborted.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+            m.busy.store(false, Ordering::Release);
+        }
+        drop(t);
+    }
+}
+
+/// The migration log block, if the store has one.
+pub(crate) fn log_block(pool: &Pool) -> Result<Option<PPtr>> {
+    let p = PPtr::from_raw(pool.root(layout::SLOT_MIGLOG)?.load(Ordering::Acquire));
+    Ok((!p.is_null()).then_some(p))
+}
+
+/// Recovery step 2: redoes an armed migration log. Returns the log block (reachable) and
+/// whether a migration was redone.
+pub(crate) fn recover_log(pool: &Pool) -> Result<(Option<PPtr>, bool)> {
+    let Some(lp) = log_block(pool)? else { return Ok((None, false)) };
+    let log: &MigLog = pool
+        .get(lp)
+        .map_err(|e| Error::corrupted(crate::layout::ENGINE, format!("migration log: {e}")))?;
+    if log.state.load(Ordering::Acquire) != MIGLOG_ACTIVE {
+        return Ok((Some(lp), false));
+    }
+    let old = log.old.load(Ordering::Relaxed);
+    let new = PPtr::from_raw(log.new.load(Ordering::Relaxed));
+    let parent = PPtr::from_raw(log.parent.load(Ordering::Relaxed));
+    let prev = PPtr::from_raw(log.prev.load(Ordering::Relaxed));
+    Node::resolve(pool, new)?;
+    if !parent.is_null() {
+        let p = Node::resolve(pool, parent)?;
+        if p.hdr.leftmost.load(Ordering::Relaxed) == old {
+            p.hdr.leftmost.store(new.raw(), Ordering::Release);
+        }
+        let w = p.slots();
+        for i in 0..sl_count(w).min(layout::RECORDS) {
+            let q = sl_pos(w, i);
+            if p.val(q) == old {
+                p.recs[q].val.store(new.raw(), Ordering::Release);
+                // PERSIST: the redone child pointer.
+                pool.persist(p.rec_addr(q), 16);
+            }
+        }
+        // PERSIST: the redone leftmost pointer.
+        pool.persist(p.hdr_addr(), 64);
+    }
+    if !prev.is_null() {
+        let l = Node::resolve(pool, prev)?;
+        let s = l.state();
+        if l.sibling(s).raw() == old {
+            let v = st_sib_ver(s);
+            l.hdr.sib[((v + 1) & 1) as usize].store(new.raw(), Ordering::Release);
+            // PERSIST: the shadow pointer before the flip.
+            pool.persist(l.hdr_addr(), 64);
+            l.hdr.state.store(st_with(s, s & 0xff, v + 1), Ordering::Release);
+            // PERSIST: the flip.
+            pool.persist(l.hdr_addr(), 64);
+        }
+    }
+    log.state.store(0, Ordering::Release);
+    // PERSIST: both references name the copy; the log is disarmed after them.
+    pool.persist_obj(&log.state);
+    Ok((Some(lp), true))
+}
+
+impl Tree {
+    /// The migration log, allocated on first use (its pointer persisted in a root slot).
+    fn miglog(&self) -> Result<&MigLog> {
+        let slot = self.pool.root(layout::SLOT_MIGLOG)?;
+        let mut p = PPtr::from_raw(slot.load(Ordering::Acquire));
+        if p.is_null() {
+            p = self.nsm.alloc_on(64, Some(0))?;
+            let log: &MigLog = self.pool.get(p)?;
+            log.state.store(0, Ordering::Relaxed);
+            // PERSIST: an idle log is durable before the slot names it.
+            self.pool.persist_obj(log);
+            slot.store(p.raw(), Ordering::Release);
+            // PERSIST: the log block is reachable from now on.
+            self.pool.persist_obj(slot);
+        }
+        Ok(self.pool.get(p)?)
+    }
+
+    /// Migrates leaf `node` (id `id`) to NUMA node `target` (§III-D); `Ok(false)` when it
+    /// aborted (the node changed, split, moved or is not migratable). Called by the coordinator
+    /// thread (one migration at a time) and by tests.
+    pub(crate) fn migrate(
+        &self,
+        node: PPtr,
+        id: u64,
+        _parent_hint: PPtr,
+        target: usize,
+    ) -> Result<bool> {
+        if self.top() == 0 || target >= self.pool.nodes() {
+            return Ok(false);
+        }
+        let guard = epoch::pin();
+        let o = self.node(node)?;
+        let low = o.low();
+        if o.level() != 0 || low == 0 || o.is_obsolete() {
+            return Ok(false);
+        }
+        // Previous sibling: the leaf covering low - 1.
+        let mut path = Vec::new();
+        let (lp, _) = self.descend(low - 1, 0, &mut path, &guard)?;
+        let lg = WriteGuard::lock(self.node(lp)?);
+        if lg.node().is_obsolete() || lg.node().sibling(lg.state()) != node {
+            return Ok(false);
+        }
+        let og = WriteGuard::lock(o);
+        if o.is_obsolete() || o.hdr.id.load(Ordering::Relaxed) != id || o.low() != low {
+            return Ok(false);
+        }
+        // Parent: the level-1 node covering `low`, which must reference `node`.
+        let (mut pp, _) = self.descend(low, 1, &mut path, &guard)?;
+        let pg = loop {
+            let g = WriteGuard::lock(self.node(pp)?);
+            match self.must_leave(&g.node(), g.state(), low)? {
+                Some(Step::Right(s)) => pp = s,
+                Some(Step::Restart) => return Ok(false),
+                None => break g,
+            }
+        };
+        let p = pg.node();
+        let pw = p.slots();
+        let slot = if p.leftmost() == node {
+            None
+        } else {
+            match find(&p, pw, low) {
+                Some(q) if p.val(q) == node.raw() => Some(q),
+                _ => return Ok(false), // an orphan, or the parent changed: abort
+            }
+        };
+        // Copy to the target node.
+        let s = og.state();
+        let recs = o.records(o.slots());
+        let sib = o.sibling(s);
+        let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
+        if let Err(e) = init_node(&self.pool, np, 0, PPtr::NULL, low, sib, self.new_id(), &recs) {
+            // SAFETY: allocated just above, never linked.
+            let _ = unsafe { self.nsm.free(np) };
+            return Err(e);
+        }
+        // Arm the log.
+        let log = self.miglog()?;
+        log.old.store(node.raw(), Ordering::Relaxed);
+        log.new.store(np.raw(), Ordering::Relaxed);
+        log.parent.store(pp.raw(), Ordering::Relaxed);
+        log.prev.store(lp.raw(), Ordering::Relaxed);
+        // PERSIST: the log's contents are durable before it is armed.
+        self.pool.persist_obj(log);
+        log.state.store(MIGLOG_ACTIVE, Ordering::Release);
+        // PERSIST: armed — from here recovery redoes the migration.
+        self.pool.persist_obj(&log.state);
+        // Parent reference.
+        match slot {
+            None => {
+                p.hdr.leftmost.store(np.raw(), Ordering::Release);
+                // PERSIST: the parent's leftmost names the copy.
+                self.pool.persist(p.hdr_addr(), 64);
+            }
+            Some(q) => {
+                p.recs[q].val.store(np.raw(), Ordering::Release);
+                // PERSIST: the parent's child pointer names the copy.
+                self.pool.persist(p.rec_addr(q), 16);
+            }
+        }
+        // Previous sibling: shadow pointer, then flip.
+        let l = lg.node();
+        let ls = lg.state();
+        let v = st_sib_ver(ls);
+        l.hdr.sib[((v + 1) & 1) as usize].store(np.raw(), Ordering::Release);
+        // PERSIST: the shadow pointer is durable before the flip.
+        self.pool.persist(l.hdr_addr(), 64);
+        lg.set_state(st_with(ls, ls & 0xff, v + 1));
+        // PERSIST: the flip: the sibling chain runs through the copy.
+        self.pool.persist(l.hdr_addr(), 64);
+        // Obsolete (volatile meaning only: the node is unreachable in PM already).
+        o.hdr.meta.store(meta_word(0, FLAG_OBSOLETE), Ordering::Release);
+        log.state.store(0, Ordering::Release);
+        // PERSIST: disarmed after both references are durable.
+        self.pool.persist_obj(&log.state);
+        drop(pg);
+        drop(og);
+        drop(lg);
+        // SAFETY: `node` is unlinked (parent and previous sibling name the copy, and it is
+        // marked obsolete for anyone holding it); it is retired once, after the grace period.
+        unsafe { self.retire_block(&guard, node) };
+        // Hand the deferred free to the global queue now: the coordinator may sleep for long.
+        guard.flush();
+        Ok(true)
+    }
+
+    /// Migrates the leaf holding `key` to `target` (tests, repros).
+    pub(crate) fn migrate_key(&self, key: u64, target: usize) -> Result<bool> {
+        let guard = epoch::pin();
+        let mut path = Vec::new();
+        let (leaf, _) = self.descend(key, 0, &mut path, &guard)?;
+        let n = self.node(leaf)?;
+        let id = n.hdr.id.load(Ordering::Relaxed);
+        drop(guard);
+        self.migrate(leaf, id, PPtr::NULL, target)
+    }
+}

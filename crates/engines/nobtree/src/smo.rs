@@ -1,0 +1,408 @@
+//! Structural modifications: the log-free split of Algorithm 4 (shadow sibling pointers and a
+//! `sib_ver` flip), the propagation of a split to the parent (Algorithm 3 `recursive_insert`),
+//! the growth of the first subindex below the height threshold (Algorithm 3 lines 26–29), the
+//! synchronous insert of a split subindex root into every upper replica with the temporary list
+//! (lines 14–22), and the rebuild of the upper layer (lines 10–13, §IV-C).
+//!
+//! # Split (node `N` locked, full)
+//!
+//! 1. Allocate `S` (NSM, round-robin) and write it completely: the upper half of `N`'s records
+//!    (and the new record if it belongs there), `low` = the split key, `sib[0]` = `N`'s
+//!    functional sibling; persist all of `S`. `S` is unreachable: a crash frees it by GC.
+//! 2. Store `S` into `N`'s *non-functional* sibling pointer; persist. Still invisible.
+//! 3. Flip `sib_ver` (one store to `state`); persist. **Commit**: `S` is now `N`'s sibling and
+//!    `N`'s high key is `S.low`, so `N`'s moved records (keys ≥ `S.low`) are dead even though
+//!    its slot word still lists them — readers route those keys right, scans cut at the high
+//!    key, recovery trims them.
+//! 4. Store the trimmed slot word; persist. The moved records' physical slots are free again.
+//! 5. Insert the new record into `N` if it belongs left (ordinary insert).
+//!
+//! No step needs a log: before 3 the old node is intact, after 3 the new structure is complete.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use numakv_index::Result;
+use numakv_pmem::alloc::epoch::{Guard, Owned};
+use numakv_pmem::alloc::PmAllocator;
+use numakv_pmem::PPtr;
+
+use crate::bottom::{find, init_node, insert_record, Step};
+use crate::layout::{
+    self, sl_build, sl_count, sl_positions, st_sib_ver, st_with, NODE_SIZE, RECORDS,
+};
+use crate::lock::{ReadSnapshot, WriteGuard};
+use crate::upper::Upper;
+use crate::Tree;
+
+impl Tree {
+    /// Splits the locked, full node of `g` and inserts `(key, val)` into the proper half.
+    /// Returns the split key and the new right node. Nothing changes if allocation fails.
+    pub(crate) fn split(&self, g: &WriteGuard<'_>, key: u64, val: u64) -> Result<(u64, PPtr)> {
+        let n = g.node();
+        let s = g.state();
+        let w = n.slots();
+        let (sib, high) = self.high_of(&n, s)?;
+        let mine: Vec<(usize, u64, u64)> = sl_positions(w)
+            .into_iter()
+            .map(|p| (p, n.key(p), n.val(p)))
+            .filter(|&(_, k, _)| k < high)
+            .collect();
+        let mut all: Vec<(u64, u64)> = mine.iter().map(|&(_, k, v)| (k, v)).collect();
+        let at = all.partition_point(|&(k, _)| k < key);
+        all.insert(at, (key, val));
+        let level = n.level();
+        let (sep, right, leftmost) = if level == 0 {
+            let left = all.len().div_ceil(2);
+            (all[left].0, all[left..].to_vec(), PPtr::NULL)
+        } else {
+            let m = all.len() / 2;
+            (all[m].0, all[m + 1..].to_vec(), PPtr::from_raw(all[m].1))
+        };
+        // Step 1: the new node, complete and durable before anything points to it.
+        let sp = self.nsm.alloc_on(NODE_SIZE, None)?;
+        if let Err(e) = init_node(&self.pool, sp, level, leftmost, sep, sib, self.new_id(), &right)
+        {
+            // SAFETY: allocated just above and never linked.
+            let _ = unsafe { self.nsm.free(sp) };
+            return Err(e);
+        }
+        // Step 2: the shadow pointer.
+        let v = st_sib_ver(s);
+        let shadow = &n.hdr.sib[((v + 1) & 1) as usize];
+        // ORDERING: Release; a reader that finds the pointer after the flip sees S's contents.
+        shadow.store(sp.raw(), Ordering::Release);
+        // PERSIST: the shadow pointer is durable before the flip makes it functional.
+        self.pool.persist(n.hdr_addr(), 64);
+        // Step 3: the flip (commit).
+        let keep: Vec<usize> =
+            mine.iter().filter(|&&(_, k, _)| k < sep).map(|&(p, _, _)| p).collect();
+        g.set_state(st_with(s, keep.len() as u64, v + 1));
+        // PERSIST: the flip is durable: S belongs to the structure from here on.
+        self.pool.persist(n.hdr_addr(), 64);
+        // Step 4: trim.
+        // ORDERING: Release; version-validated readers see either slot word.
+        n.hdr.slots.store(sl_build(&keep), Ordering::Release);
+        // PERSIST: the trimmed slot word is durable before a freed slot is reused.
+        self.pool.persist(n.hdr_addr(), 64);
+        // Step 5.
+        if key < sep {
+            insert_record(&self.pool, g, key, val);
+        }
+        self.counters.splits.fetch_add(1, Ordering::Relaxed);
+        Ok((sep, sp))
+    }
+
+    /// Algorithm 4's split branch for a leaf write: split, release, propagate.
+    pub(crate) fn split_and_insert(
+        &self,
+        g: WriteGuard<'_>,
+        key: u64,
+        val: u64,
+        path: &mut [PPtr],
+        guard: &Guard,
+    ) -> Result<()> {
+        let level = g.node().level();
+        let (sep, right) = self.split(&g, key, val)?;
+        drop(g);
+        self.link(level, sep, right, path, guard)
+    }
+
+    /// Makes the node `right` (at `level`, split key `sep`) known above it: a new subindex root
+    /// goes to the upper layer; otherwise its separator goes into the parent, splitting upwards.
+    /// Running out of space up here leaves `right` linked only by its left sibling (readers
+    /// reach it; the next recovery links it): the write that caused the split has committed.
+    pub(crate) fn link(
+        &self,
+        level: u32,
+        sep: u64,
+        right: PPtr,
+        path: &mut [PPtr],
+        guard: &Guard,
+    ) -> Result<()> {
+        match self.link_inner(level, sep, right, path, guard) {
+            Err(e) if e.is_out_of_space() => {
+                self.counters.orphans_deferred.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    fn link_inner(
+        &self,
+        mut level: u32,
+        mut sep: u64,
+        mut right: PPtr,
+        path: &mut [PPtr],
+        guard: &Guard,
+    ) -> Result<()> {
+        loop {
+            if level >= self.top() {
+                self.counters.subindex_splits.fetch_add(1, Ordering::Relaxed);
+                self.upper_insert(sep, right);
+                return Ok(());
+            }
+            let mut cand = path.get(level as usize + 1).copied().unwrap_or(PPtr::NULL);
+            if cand.is_null() {
+                if self.node(self.head()?)?.level() <= level {
+                    self.grow_root(level)?;
+                }
+                let mut p2 = Vec::new();
+                cand = self.descend(sep, level + 1, &mut p2, guard)?.0;
+            }
+            let g = loop {
+                let g = WriteGuard::lock(self.node(cand)?);
+                match self.must_leave(&g.node(), g.state(), sep)? {
+                    Some(Step::Restart) => {
+                        drop(g);
+                        let mut p2 = Vec::new();
+                        cand = self.descend(sep, level + 1, &mut p2, guard)?.0;
+                    }
+                    Some(Step::Right(s)) => cand = s,
+                    None => break g,
+                }
+            };
+            let n = g.node();
+            let w = n.slots();
+            if find(&n, w, sep).is_some() {
+                // Already linked (a root growth adopted it, or recovery did).
+                return Ok(());
+            }
+            if sl_count(w) < RECORDS {
+                insert_record(&self.pool, &g, sep, right.raw());
+                return Ok(());
+            }
+            let (s2, r2) = self.split(&g, sep, right.raw())?;
+            drop(g);
+            level += 1;
+            sep = s2;
+            right = r2;
+        }
+    }
+
+    /// Algorithm 3 lines 26–29: the first subindex is below the height threshold and its top
+    /// level (the head's) has more than one node: a new root above them becomes the head.
+    pub(crate) fn grow_root(&self, level: u32) -> Result<()> {
+        let _g = self.grow_lock.lock();
+        let head = self.head()?;
+        if self.node(head)?.level() > level {
+            return Ok(());
+        }
+        let mut chain = Vec::new();
+        let mut p = head;
+        while !p.is_null() {
+            let n = self.node(p)?;
+            let snap = ReadSnapshot::begin(&n);
+            let sib = n.sibling(snap.state);
+            chain.push((n.low(), p));
+            p = sib;
+        }
+        if chain.len() < 2 {
+            return Ok(());
+        }
+        let recs: Vec<(u64, u64)> =
+            chain[1..].iter().take(RECORDS).map(|&(low, p)| (low, p.raw())).collect();
+        let r = self.nsm.alloc_on(NODE_SIZE, None)?;
+        if let Err(e) =
+            init_node(&self.pool, r, level + 1, head, 0, PPtr::NULL, self.new_id(), &recs)
+        {
+            // SAFETY: allocated just above and never linked.
+            let _ = unsafe { self.nsm.free(r) };
+            return Err(e);
+        }
+        let slot = self.pool.root(layout::SLOT_HEAD)?;
+        // ORDERING: Release; pairs with the Acquire in `head()`: R's contents are visible.
+        slot.store(r.raw(), Ordering::Release);
+        // PERSIST: the new head is durable (R itself was persisted by init_node before).
+        self.pool.persist_obj(slot);
+        self.counters.grows.fetch_add(1, Ordering::Relaxed);
+        let _temp = self.upper_lock.lock();
+        let guard = numakv_pmem::alloc::epoch::pin();
+        // SAFETY: loaded under `guard` (see `locate_root`).
+        if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() } {
+            // Key 0 exists: this replaces the head entry in place, it cannot fail.
+            up.insert(&self.pool, 0, r);
+        }
+        Ok(())
+    }
+
+    /// Algorithm 3 lines 14–22: the new subindex root goes into every replica, or into the
+    /// temporary list when its leaf is full.
+    pub(crate) fn upper_insert(&self, sep: u64, root: PPtr) {
+        let mut temp = self.upper_lock.lock();
+        let guard = numakv_pmem::alloc::epoch::pin();
+        // SAFETY: loaded under `guard` (see `locate_root`).
+        let ok = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() }
+            .is_some_and(|up| up.insert(&self.pool, sep, root));
+        if !ok {
+            temp.push((sep, root));
+            self.counters.upper_insert_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Algorithm 3 lines 10–13, after every insert: rebuild when the average walk along the
+    /// root list exceeds the threshold. One thread rebuilds; the others go on with the old
+    /// layer (the rebuild is "in the background" for them). A rebuild that runs out of space is
+    /// skipped (the old layer and the temporary list stay; the root list keeps lookups right).
+    pub(crate) fn after_insert(&self, steps: u64) {
+        self.walk.add(steps);
+        if steps == 0 {
+            return;
+        }
+        let (q, st) = self.walk.sum();
+        if q < self.opts.rebuild_min_ops || (st as f64) <= self.opts.rebuild_threshold * q as f64 {
+            return;
+        }
+        if let Some(mut temp) = self.upper_lock.try_lock() {
+            if !temp.is_empty() {
+                let _ = self.rebuild_locked(&mut temp);
+            }
+        }
+    }
+
+    /// Algorithm 3 `rebuild_upper` / §IV-C: the current entries plus the temporary list, built
+    /// into fresh replicas, swapped in; the old ones are retired under the epoch.
+    pub(crate) fn rebuild_locked(&self, temp: &mut Vec<(u64, PPtr)>) -> Result<()> {
+        let guard = numakv_pmem::alloc::epoch::pin();
+        let old = self.upper.load(Ordering::Acquire, &guard);
+        let mut map = BTreeMap::new();
+        // SAFETY: loaded under `guard`.
+        if let Some(o) = unsafe { old.as_ref() } {
+            map.extend(o.entries(&self.pool, 0));
+        }
+        map.extend(temp.iter().copied());
+        let entries: Vec<(u64, PPtr)> = map.into_iter().collect();
+        let new = Upper::build(&self.nsm, &self.pool, &entries)?;
+        // ORDERING: AcqRel; the Release publishes the built replicas to readers' Acquire load.
+        let old = self.upper.swap(Owned::new(new), Ordering::AcqRel, &guard);
+        // SAFETY: `old` is unreachable for new readers from here on; current readers are pinned,
+        // and both the descriptor and its blocks are reclaimed only after they unpin.
+        unsafe {
+            if let Some(o) = old.as_ref() {
+                for &p in &o.replicas {
+                    self.retire_block(&guard, p);
+                }
+            }
+            guard.defer_destroy(old);
+        }
+        temp.clear();
+        self.walk.reset();
+        self.counters.rebuilds.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Merge (leaves only) — see docs/design.md "NOBtree", "Merge".
+impl Tree {
+    /// After a delete left `count` records in the leaf at `leaf`: merges its right sibling into
+    /// it when both are sparse. Returns whether it merged. Never merges subindex roots (the
+    /// upper layer names them) or a right sibling that is its parent's leftmost child.
+    ///
+    /// Protocol (locks: the leaf, its right sibling, then their parent — the order migration
+    /// uses; no other thread holds two node locks):
+    /// 1. remove the sibling's separator from the parent (persist): the sibling is now reached
+    ///    only through the leaf's sibling pointer, like an orphan of a split;
+    /// 2. copy the sibling's records into free slots of the leaf and list them in the leaf's
+    ///    slot word (persist): they lie beyond the leaf's high key, so they are invisible (a
+    ///    crash here: recovery trims them and re-links the sibling);
+    /// 3. store the sibling's functional sibling into the leaf's shadow pointer (persist), flip
+    ///    `sib_ver` (persist) — the commit: the leaf covers the sibling's range, the sibling is
+    ///    unreachable;
+    /// 4. mark the sibling obsolete, unlock, retire it under the epoch.
+    pub(crate) fn try_merge(&self, leaf: PPtr, guard: &Guard) -> Result<bool> {
+        if self.top() == 0 {
+            return Ok(false);
+        }
+        let ng = WriteGuard::lock(self.node(leaf)?);
+        let n = ng.node();
+        if n.is_obsolete() || n.level() != 0 {
+            return Ok(false);
+        }
+        let ns = ng.state();
+        let rp = n.sibling(ns);
+        if rp.is_null() {
+            return Ok(false);
+        }
+        let rg = WriteGuard::lock(self.node(rp)?);
+        let r = rg.node();
+        if r.is_obsolete() {
+            return Ok(false);
+        }
+        let nw = n.slots();
+        let rw = r.slots();
+        let rs = rg.state();
+        let (rsib, rhigh) = self.high_of(&r, rs)?;
+        let rrecs: Vec<(u64, u64)> =
+            r.records(rw).into_iter().filter(|&(k, _)| k < rhigh).collect();
+        if sl_count(nw) + rrecs.len() > MERGE_MAX {
+            return Ok(false);
+        }
+        let rlow = r.low();
+        let mut path = Vec::new();
+        let (mut pp, _) = self.descend(rlow, 1, &mut path, guard)?;
+        let pg = loop {
+            let g = WriteGuard::lock(self.node(pp)?);
+            match self.must_leave(&g.node(), g.state(), rlow)? {
+                Some(Step::Right(s)) => pp = s,
+                Some(Step::Restart) => return Ok(false),
+                None => break g,
+            }
+        };
+        let p = pg.node();
+        let pw = p.slots();
+        let Some(q) = find(&p, pw, rlow).filter(|&q| p.val(q) == rp.raw()) else {
+            return Ok(false); // the parent's leftmost child, or an orphan: not merged
+        };
+        // Step 1.
+        let ppos: Vec<usize> = sl_positions(pw).into_iter().filter(|&x| x != q).collect();
+        // ORDERING: Release; version-validated readers see either slot word.
+        p.hdr.slots.store(sl_build(&ppos), Ordering::Release);
+        let ps = pg.state();
+        pg.set_state(st_with(ps, ppos.len() as u64, st_sib_ver(ps)));
+        // PERSIST: the separator is gone before the sibling's records move.
+        self.pool.persist(p.hdr_addr(), 64);
+        drop(pg);
+        // Step 2.
+        let mut pos = sl_positions(nw);
+        let mut used: u16 = pos.iter().fold(0, |a, &x| a | (1 << x));
+        for &(k, v) in &rrecs {
+            let Some(free) = (0..RECORDS).find(|&x| used & (1 << x) == 0) else {
+                return Ok(false); // cannot happen: counted above
+            };
+            used |= 1 << free;
+            n.recs[free].key.store(k, Ordering::Relaxed);
+            n.recs[free].val.store(v, Ordering::Relaxed);
+            pos.push(free);
+            // PERSIST (batched below): the copied records.
+            self.pool.flush(n.rec_addr(free), 16);
+        }
+        self.pool.fence();
+        // ORDERING: Release; the listed records (beyond the high key for now) are published.
+        n.hdr.slots.store(sl_build(&pos), Ordering::Release);
+        // PERSIST: the copies are durable (fence above) and listed before the flip.
+        self.pool.persist(n.hdr_addr(), 64);
+        // Step 3.
+        let v = st_sib_ver(ns);
+        n.hdr.sib[((v + 1) & 1) as usize].store(rsib.raw(), Ordering::Release);
+        // PERSIST: the shadow pointer before the flip.
+        self.pool.persist(n.hdr_addr(), 64);
+        ng.set_state(st_with(ns, pos.len() as u64, v + 1));
+        // PERSIST: the flip (commit): the sibling is unlinked.
+        self.pool.persist(n.hdr_addr(), 64);
+        // Step 4.
+        r.hdr.meta.store(layout::meta_word(0, layout::FLAG_OBSOLETE), Ordering::Release);
+        drop(rg);
+        drop(ng);
+        // SAFETY: `rp` is unreachable (no parent entry, no sibling pointer) and marked obsolete
+        // for threads holding it; retired once, after the grace period.
+        unsafe { self.retire_block(guard, rp) };
+        self.counters.merges.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+/// Most records a merged leaf may hold (room is left for inserts before it splits again).
+const MERGE_MAX: usize = 8;
+/// A delete that leaves at most this many records tries a merge.
+pub(crate) const MERGE_TRIGGER: usize = 2;

@@ -1,0 +1,167 @@
+//! Node migration (§III-D): explicit migrations move leaves and keep every key; the
+//! coordinator finds hot, mostly-remote leaves from sampled statistics and moves them to the
+//! accessing node; migrations race safely with readers and writers.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{quiet, vk, volatile, Rng};
+use numakv_index::Index;
+use numakv_nobtree::{MigrationOptions, NobtreeOptions};
+use numakv_pmem::alloc::nsm::NsmMode;
+use numakv_pmem::numa::set_current_node;
+
+#[test]
+fn explicit_migration_moves_leaves() {
+    let t = volatile(&NobtreeOptions { nsm_mode: NsmMode::Node(0), ..quiet() });
+    let mut model = BTreeMap::new();
+    for k in 1..=6000u64 {
+        t.insert(k * 3, vk(k)).unwrap();
+        model.insert(k * 3, vk(k));
+    }
+    let mut moved = 0;
+    for k in (300..=18_000u64).step_by(90) {
+        assert_eq!(t.leaf_node_of(k).unwrap(), 0);
+        if t.migrate_leaf_of(k, 1).unwrap() {
+            moved += 1;
+            assert_eq!(t.leaf_node_of(k).unwrap(), 1);
+        }
+    }
+    assert!(moved > 100, "only {moved} migrations");
+    // The first leaf has no previous sibling: never migrated.
+    assert!(!t.migrate_leaf_of(1, 1).unwrap());
+    t.check().unwrap();
+    let mut out = Vec::new();
+    t.scan(0, usize::MAX, &mut out).unwrap();
+    assert_eq!(out, model.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>());
+    // Writes into migrated leaves, splits of them, and back again.
+    for k in 1..=6000u64 {
+        t.upsert(k * 3 + 1, vk(k)).unwrap();
+        model.insert(k * 3 + 1, vk(k));
+    }
+    for k in (300..=18_000u64).step_by(45) {
+        let _ = t.migrate_leaf_of(k, 0).unwrap();
+    }
+    t.check().unwrap();
+    for (&k, &v) in &model {
+        assert_eq!(t.get(k).unwrap(), Some(v));
+    }
+}
+
+#[test]
+fn migrations_race_with_operations() {
+    let t = volatile(&quiet());
+    const SPACE: u64 = 8000;
+    for k in 1..=SPACE {
+        t.insert(k, vk(k)).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let t = &t;
+        let stop = &stop;
+        s.spawn(move || {
+            let mut rng = Rng(99);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = 1 + rng.below(SPACE);
+                if t.migrate_leaf_of(k, (n % 2) as usize).unwrap() {
+                    n += 1;
+                }
+            }
+            assert!(n > 0, "no migration succeeded");
+        });
+        let workers: Vec<_> = (0..3u64)
+            .map(|th| {
+                s.spawn(move || {
+                    set_current_node((th % 2) as usize);
+                    let mut rng = Rng(0xabc + th);
+                    let mut out = Vec::new();
+                    for _ in 0..common::scaled(60_000) {
+                        let k = 1 + rng.below(SPACE);
+                        match rng.below(10) {
+                            0 | 1 => {
+                                t.upsert(k, vk(k)).unwrap();
+                            }
+                            2 => {
+                                t.remove(k).unwrap();
+                            }
+                            3 => {
+                                t.insert(k, vk(k)).unwrap();
+                            }
+                            4 => {
+                                out.clear();
+                                t.scan(k, 20, &mut out).unwrap();
+                                for w in out.windows(2) {
+                                    assert!(w[0].0 < w[1].0);
+                                }
+                                for &(kk, v) in &out {
+                                    assert_eq!(v, vk(kk));
+                                }
+                            }
+                            _ => {
+                                if let Some(v) = t.get(k).unwrap() {
+                                    assert_eq!(v, vk(k));
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let r = t.check().unwrap();
+    let mut out = Vec::new();
+    t.scan(0, usize::MAX, &mut out).unwrap();
+    assert_eq!(r.entries, out.len() as u64);
+    for (k, v) in out {
+        assert_eq!(v, vk(k));
+    }
+}
+
+#[test]
+fn coordinator_moves_hot_remote_leaves() {
+    let opts = NobtreeOptions {
+        nsm_mode: NsmMode::Node(0),
+        migration: MigrationOptions { hot_threshold: 4, ..Default::default() },
+        ..Default::default()
+    };
+    let t = volatile(&opts);
+    for k in 1..=20_000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    // Threads on node 1 with their own hot keys, all of whose leaves sit on node 0.
+    let hot: Vec<u64> = (1..=40u64).map(|i| i * 487).collect();
+    assert!(hot.iter().all(|&k| t.leaf_node_of(k).unwrap() == 0));
+    std::thread::scope(|s| {
+        for th in 0..2usize {
+            let t = &t;
+            let hot = &hot;
+            s.spawn(move || {
+                set_current_node(1);
+                let mut rng = Rng(th as u64 + 5);
+                for _ in 0..100_000usize {
+                    // Random, not cyclic: a cycle could alias with the every-10th sampling.
+                    let k = hot[rng.below(hot.len() as u64) as usize];
+                    assert_eq!(t.get(k).unwrap(), Some(vk(k)));
+                }
+            });
+        }
+    });
+    t.drain_migrations();
+    let st = t.stats();
+    assert!(st.counter("migrations").unwrap() > 0, "{:?}", st.counters);
+    let local = hot.iter().filter(|&&k| t.leaf_node_of(k).unwrap() == 1).count();
+    assert!(
+        local * 2 > hot.len(),
+        "only {local} of {} hot leaves moved to node 1: {:?}",
+        hot.len(),
+        st.counters
+    );
+    t.check().unwrap();
+}

@@ -1,0 +1,79 @@
+//! `check()`: the structural fsck of NStore (run while nothing mutates the store).
+//!
+//! - every key of the volatile index names a valid `ins`/`upd` entry of its own key in an
+//!   existing file, within the file's written slots;
+//! - every file's header is valid and names its node; every file is in the table of its node;
+//! - the PM the engine owns (page-heap extents with `OWNER_ENGINE`) is exactly the node meta
+//!   pages plus the files of the table: no leak, nothing reachable that is not allocated. (During
+//!   a run a reclaimed file may still await its epoch grace period.)
+
+use std::sync::atomic::Ordering;
+
+use numakv_index::{CheckReport, Result};
+use numakv_pmem::alloc::epoch;
+
+use crate::layout::{self, FileHeader, FileInfo, Op, AUX_LOG, AUX_META, OWNER_ENGINE};
+use crate::Inner;
+
+pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
+    let _guard = epoch::pin();
+    let pool = &inner.pool;
+    let mut pairs = Vec::new();
+    inner.index.scan(1, usize::MAX, &mut pairs);
+    for &(key, va) in &pairs {
+        let Some(f) = inner.nlog.file(va.node(), va.file()) else {
+            return Err(layout::corrupted(format!("key {key}: address {:#x} names no file", va.0)));
+        };
+        if va.slot() >= f.tail.load(Ordering::Acquire) {
+            return Err(layout::corrupted(format!("key {key}: slot beyond its file's tail")));
+        }
+        let e = f.entry(pool, va.slot())?;
+        match layout::read_entry(e, f.info.id) {
+            Some((Op::Ins | Op::Upd, k, _, _)) if k == key => {}
+            other => {
+                return Err(layout::corrupted(format!(
+                    "key {key}: current entry {:#x} is {other:?}",
+                    va.0
+                )))
+            }
+        }
+    }
+    let files = inner.nlog.all_files();
+    for f in &files {
+        let h: &FileHeader = pool.get(f.base)?;
+        let info =
+            FileInfo::read(h).map_err(|e| layout::corrupted(format!("file {}: {e}", f.info.id)))?;
+        if info != f.info {
+            return Err(layout::corrupted(format!("file {}: header changed", f.info.id)));
+        }
+    }
+    let mut allocated = 0u64;
+    let mut metas = 0u64;
+    for node in 0..pool.nodes() {
+        for x in pool.extents(node)? {
+            if x.owner != OWNER_ENGINE {
+                continue;
+            }
+            allocated += 1;
+            if x.aux == AUX_META {
+                metas += 1;
+            } else if x.aux != AUX_LOG {
+                return Err(layout::corrupted(format!(
+                    "node {node}: engine extent with unknown kind {} at {}",
+                    x.aux, x.ptr
+                )));
+            }
+        }
+    }
+    if metas != pool.nodes() as u64 {
+        return Err(layout::corrupted(format!(
+            "{metas} node meta pages for {} nodes",
+            pool.nodes()
+        )));
+    }
+    Ok(CheckReport {
+        entries: pairs.len() as u64,
+        reachable_blocks: files.len() as u64 + metas,
+        allocated_blocks: allocated,
+    })
+}

@@ -1,0 +1,158 @@
+//! Garbage collection (papers/nstore.txt §III-F).
+//!
+//! One GC thread per node (configurable) reclaims that node's sealed files whose garbage share
+//! exceeds `gc_threshold`. For every valid entry `e` of such a file, under `e`'s key lock:
+//!
+//! 1. **Invalidate history**: follow `h_addr` from `e` to older entries of the key until the
+//!    invalid h_addr, an entry already `inv`, or an address whose file no longer exists; then mark
+//!    them `inv` *oldest first*, persisting each mark before the next. (Oldest first: a crash in
+//!    the middle leaves a valid prefix of the chain that the next walk, which stops at the first
+//!    `inv`, still reaches.)
+//! 2. If `e` is the key's current entry (the index names it), append a copy to the active file of
+//!    its cluster on this node with a new version and `h_addr = e`, and point the index at it.
+//!    Other entries (superseded ones, delete entries) are dropped.
+//!
+//! Then the file is unlinked from the file table and its pages are freed once every reader that
+//! might hold an address in it has unpinned its epoch.
+//!
+//! **Why this never resurrects a key** (docs/design.md, "NStore", GC): recovery keeps a key's
+//! highest-version valid entry. An entry disappears only when its file is freed, after step 1
+//! made every older entry reachable from it durably `inv`; entries not reachable from it were
+//! cut off by an earlier free, which did the same for them. So when a delete entry goes, no
+//! older entry of its key is valid any more, and when a live entry goes, its copy — newer, and
+//! durable before the index moved — outranks every older one.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use numakv_index::Result;
+use numakv_pmem::alloc::epoch;
+use numakv_pmem::Pool;
+
+use crate::layout::{self, decode_meta, Op, VAddr, OP_MASK};
+use crate::nlog::LogFile;
+use crate::Inner;
+
+/// The GC thread `idx` of `per_node` on `node`: collects until the store shuts down.
+pub(crate) fn run(inner: &Inner, node: usize, idx: usize, per_node: usize) {
+    numakv_numa::set_current_node(node);
+    loop {
+        {
+            let mut woken = inner.wake.0.lock();
+            if !*woken {
+                inner.wake.1.wait_for(&mut woken, inner.opts.gc_interval);
+            }
+        }
+        // ORDERING: Acquire; pairs with the Release store in NStore::shutdown.
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // Deferred frees of reclaimed files run only when some thread pins or flushes the
+        // epoch; writers never pin, so in a write-only workload nobody else would: advance and
+        // collect here, every pass.
+        epoch::pin().flush();
+        if collect(inner, node, idx, per_node).is_err() {
+            // E.g. out of space for the rewrites, or the pool crashed: the file stays as it was
+            // (every step is crash-safe on its own) and the next pass tries again.
+            inner.counters.gc_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One pass over `node`'s files (those with `id % per_node == idx`); returns files reclaimed.
+pub(crate) fn collect(inner: &Inner, node: usize, idx: usize, per_node: usize) -> Result<u64> {
+    let threshold = inner.opts.gc_threshold;
+    let mut reclaimed = 0;
+    for f in inner.nlog.files_of(node) {
+        if inner.stop.load(Ordering::Acquire) {
+            break;
+        }
+        // ORDERING: Acquire on `sealed` and `pending`; pair with the Release stores in
+        // Nlog::reserve and Nlog::write: every reserved entry of the file is complete.
+        let ready = f.info.id as usize % per_node.max(1) == idx
+            && f.sealed.load(Ordering::Acquire)
+            && f.pending.load(Ordering::Acquire) == 0
+            && f.dead_share() > threshold;
+        if ready && reclaim(inner, &f)? {
+            reclaimed += 1;
+        }
+    }
+    Ok(reclaimed)
+}
+
+/// Walks `key`'s history from the entry with `version` whose parent is `h`, and marks it `inv`,
+/// oldest first, each mark durable before the next. Returns how many were marked.
+fn invalidate_history(inner: &Inner, key: u64, version: u64, mut h: u64) -> Result<u64> {
+    let mut chain = Vec::new();
+    let mut newer = version;
+    while h != 0 {
+        let va = VAddr(h);
+        let Some(e) = inner.nlog.locate(va)? else { break };
+        let Some((op, k, v, parent)) = layout::read_entry(e, va.file()) else { break };
+        if op == Op::Inv || k != key || v >= newer {
+            break;
+        }
+        chain.push(e);
+        newer = v;
+        h = parent;
+    }
+    for e in chain.iter().rev() {
+        let m = e.meta.load(Ordering::Acquire);
+        e.meta.store(m & !OP_MASK, Ordering::Release);
+        // PERSIST: this entry is invalid before any newer one of the chain is marked, and
+        // before the file whose entry superseded it can be freed.
+        inner.pool.persist_obj(&e.meta);
+    }
+    Ok(chain.len() as u64)
+}
+
+/// Reclaims `f`: returns false when it stopped early (shutdown); the file then stays.
+fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
+    let node = f.info.node;
+    let tail = f.tail.load(Ordering::Acquire);
+    for slot in 0..tail {
+        if inner.stop.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let _guard = epoch::pin();
+        let e = f.entry(&inner.pool, slot)?;
+        if !decode_meta(e.meta.load(Ordering::Acquire), f.info.id).written {
+            continue; // torn before a crash: never was an entry
+        }
+        let key = e.key.load(Ordering::Acquire);
+        let _key = inner.lock_key(key);
+        // Re-read under the lock: another node's GC may have marked it as history meanwhile.
+        let Some((op, k, version, h_addr)) = layout::read_entry(e, f.info.id) else { continue };
+        if op == Op::Inv || k != key {
+            continue;
+        }
+        let marked = invalidate_history(inner, key, version, h_addr)?;
+        inner.counters.gc_invalidated.fetch_add(marked, Ordering::Relaxed);
+        let va = f.vaddr(slot);
+        if op != Op::Del && inner.index.get(key) == Some(va) {
+            let value = e.value.load(Ordering::Acquire);
+            let cluster = inner.nlog.cluster_of(crate::hash(key));
+            let (nf, s) = inner.nlog.reserve(node, cluster)?;
+            let v = inner.nlog.next_version(cluster);
+            let new = inner.nlog.write(&nf, s, Op::Ins, v, va.0, key, value)?;
+            inner.index.set(key, new);
+            inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    inner.nlog.unlink(f);
+    let guard = epoch::pin();
+    let pool: Weak<Pool> = Arc::downgrade(&inner.pool);
+    let base = f.base;
+    // A reader that read an address of this file before the index moved may still be reading
+    // it: free the pages only after every thread pinned now has unpinned.
+    guard.defer(move || {
+        if let Some(pool) = pool.upgrade() {
+            // A failed free (e.g. the pool crashed meanwhile) leaves a file whose entries are
+            // all garbage: recovery finds it and a later GC pass reclaims it again.
+            let _ = pool.free_pages(base);
+        }
+    });
+    guard.flush();
+    inner.counters.gc_files.fetch_add(1, Ordering::Relaxed);
+    Ok(true)
+}
