@@ -334,6 +334,11 @@ impl EngineConfig for FastFairOptions {
             key: "nsm_mode",
             help: "where tree nodes are placed: local | round-robin | node:N",
         },
+        OptionKey {
+            key: "recovery",
+            help: "open after a crash: lazy (instant: repair and garbage-collect in the \
+                   background) | eager (walk and repair the whole tree before open returns)",
+        },
     ];
 
     fn wrap(self) -> EngineOptions {
@@ -365,13 +370,20 @@ impl EngineConfig for FastFairOptions {
             "nsm_mode" => {
                 self.nsm_mode = value.parse::<NsmMode>().map_err(|e| format!("nsm_mode: {e}"))?;
             }
+            "recovery" => {
+                self.recovery = value.parse().map_err(|e| format!("recovery: {e}"))?;
+            }
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
         Ok(())
     }
 
     fn values(&self) -> Vec<(&'static str, String)> {
-        vec![("node_size", self.node_size.to_string()), ("nsm_mode", self.nsm_mode.to_string())]
+        vec![
+            ("node_size", self.node_size.to_string()),
+            ("nsm_mode", self.nsm_mode.to_string()),
+            ("recovery", self.recovery.to_string()),
+        ]
     }
 }
 
@@ -403,6 +415,10 @@ const NAP_KEYS: &[OptionKey] = &[
     OptionKey {
         key: "nsm_mode",
         help: "raw FAST&FAIR: node placement: local | round-robin | node:N",
+    },
+    OptionKey {
+        key: "recovery",
+        help: "raw FAST&FAIR: open's recovery: lazy (instant, background pass) | eager",
     },
 ];
 
@@ -452,7 +468,7 @@ impl EngineConfig for NapOptions<FastFairOptions> {
             "sketch_width" => self.sketch_width = parse(key, value)?,
             "detect_uniform" => self.detect_uniform = parse(key, value)?,
             "background" => self.background = parse(key, value)?,
-            "node_size" | "nsm_mode" => self.inner.set(key, value)?,
+            "node_size" | "nsm_mode" | "recovery" => self.inner.set(key, value)?,
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
         Ok(())
@@ -892,12 +908,15 @@ mod tests {
         let mut o = EngineKind::FastFair.default_options();
         assert!(matches!(o.set("node_size", "big"), Err(Error::BadEngineOption { .. })));
         assert!(matches!(o.set("nsm_mode", "everywhere"), Err(Error::BadEngineOption { .. })));
+        assert!(matches!(o.set("recovery", "later"), Err(Error::BadEngineOption { .. })));
         let err = o.set("nope", "1").unwrap_err().to_string();
         assert!(err.contains("node_size") && err.contains("nsm_mode"), "{err}");
         o.set("nsm_mode", "node:1").unwrap();
         o.set("node_size", "1K").unwrap();
+        o.set("recovery", "eager").unwrap();
         let EngineOptions::FastFair(ff) = o else { unreachable!() };
         assert_eq!(ff.nsm_mode, NsmMode::Node(1));
         assert_eq!(ff.node_size, 1024);
+        assert_eq!(ff.recovery, numakv_fastfair::RecoveryMode::Eager);
     }
 }

@@ -60,12 +60,17 @@ impl FastFair {
         Ok(true)
     }
 
-    /// Writers' repair of a locked node's slots: removes hidden slots and duplicates (left
-    /// shifts, themselves failure-atomic) and cuts entries at or beyond the high key (a split or
-    /// merge interrupted by a crash). In a session these states exist only transiently under
-    /// another writer's lock, so this finds work only on nodes a crash left behind.
+    /// Writers' repair of a locked node: while a lazy recovery has not repaired every range,
+    /// first `high = sibling.low` where a crash left `high > sibling.low` (recovery.rs); then
+    /// removes hidden slots and duplicates (left shifts, themselves failure-atomic) and cuts
+    /// entries at or beyond the high key (a split or merge interrupted by a crash). In a
+    /// session these states exist only transiently under another writer's lock, so this finds
+    /// work only on nodes a crash left behind.
     pub(crate) fn repair_entries(&self, g: &WriteGuard<'_>) -> Result<()> {
         let node = g.node();
+        if self.repairing() {
+            self.fix_range(g)?;
+        }
         loop {
             let used = node.used();
             if used >= node.entries.len() {

@@ -125,8 +125,9 @@ impl FastFair {
     }
 
     /// Locks the node at `level` covering `key`, starting from `node` (found by a lock-free
-    /// descent) and moving right while `key ≥ high`. Repairs the node's entries. `None` when a
-    /// node on the way was merged away: restart from the root.
+    /// descent) and moving right while `key ≥ high`. Repairs every node it locks (before
+    /// looking at its high key: the repair may lower it). `None` when a node on the way was
+    /// merged away: restart from the root.
     pub(crate) fn lock_covering<'a>(
         &'a self,
         mut node: Node<'a>,
@@ -137,6 +138,7 @@ impl FastFair {
             if node.is_dead() {
                 return Ok(None);
             }
+            self.repair_entries(&g)?;
             if key >= node.high() {
                 let next = node.sibling();
                 if next.is_null() {
@@ -149,7 +151,6 @@ impl FastFair {
                 node = self.node(next)?;
                 continue;
             }
-            self.repair_entries(&g)?;
             return Ok(Some(g));
         }
     }

@@ -10,8 +10,10 @@
 //! - lock-free searches and scans that tolerate the transient duplicates of a shift, guided by the
 //!   switch counter — [`search`](crate::search), [`scan`](crate::scan);
 //! - per-node writer locks tagged with the pool generation — [`lock`](crate::lock);
-//! - recovery that finishes interrupted splits and merges and rebuilds the NSM allocator by
-//!   reachability — [`recovery`](crate::recovery); `check()` — [`check`](crate::check).
+//! - instant recovery: `open()` validates the format word and the root and returns; a background
+//!   pass collects NSM's unreachable blocks, repairs every node and links orphans while the tree
+//!   serves operations ([`RecoveryMode::Lazy`], the default; [`RecoveryMode::Eager`] does it all
+//!   before `open()` returns) — [`recovery`](crate::recovery); `check()` — [`check`](crate::check).
 //!
 //! Formats and the store-order arguments: docs/design.md, section "FAST&FAIR".
 //!
@@ -22,6 +24,8 @@
 //! [`FastFair::create_with`], collects [`FastFair::reachable`] of each before running
 //! [`Nsm::recover`] on the union with its own blocks, and reopens them with
 //! [`FastFair::open_with`] — [`Engine::open`] would reclaim every block it cannot reach itself.
+//! `open_with` always recovers eagerly (the embedder already collected NSM; see docs/design.md,
+//! "Sharing a pool").
 //!
 //! ```
 //! use numakv_fastfair::{FastFair, FastFairOptions};
@@ -48,8 +52,10 @@ mod scan;
 mod search;
 mod smo;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use numakv_index::{
     check_key, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
@@ -69,6 +75,10 @@ pub struct FastFairOptions {
     /// Where NSM places new nodes (default: on the calling thread's node). Per session; ignored
     /// by [`FastFair::create_with`] / [`FastFair::open_with`], whose NSM is the caller's.
     pub nsm_mode: NsmMode,
+    /// How [`Engine::open`] recovers (default: lazy). Per session. Ignored by
+    /// [`FastFair::open_with`], which always repairs before returning (its NSM was recovered
+    /// by the embedder).
+    pub recovery: RecoveryMode,
     /// First of the two pool root slots the tree uses (root pointer, format word), default 0;
     /// at most `ROOT_SLOTS - 2`. Not recorded in the store (it says where the record is): pass
     /// the same value at open.
@@ -80,12 +90,48 @@ impl Default for FastFairOptions {
         FastFairOptions {
             node_size: DEFAULT_NODE_SIZE,
             nsm_mode: NsmMode::Local,
+            recovery: RecoveryMode::Lazy,
             root_slot_base: 0,
         }
     }
 }
 
-/// Event counters (DRAM, per session).
+/// How [`Engine::open`] recovers a tree; see docs/design.md, "FAST&FAIR", "Recovery".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RecoveryMode {
+    /// Instant recovery: `open()` does O(1) work (format word, root, NSM's extent table) and a
+    /// background thread collects unreachable blocks, repairs nodes and links orphans while the
+    /// tree serves operations. [`Index::check`] and `close()` wait for it; dropping the tree
+    /// cancels it.
+    #[default]
+    Lazy,
+    /// `open()` walks the whole tree, collects, repairs and links orphans before returning.
+    Eager,
+}
+
+impl fmt::Display for RecoveryMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RecoveryMode::Lazy => "lazy",
+            RecoveryMode::Eager => "eager",
+        })
+    }
+}
+
+impl FromStr for RecoveryMode {
+    type Err = Error;
+
+    /// Parses `lazy` or `eager`.
+    fn from_str(s: &str) -> Result<RecoveryMode> {
+        match s {
+            "lazy" => Ok(RecoveryMode::Lazy),
+            "eager" => Ok(RecoveryMode::Eager),
+            _ => Err(Error::InvalidOptions(format!("recovery {s:?}: expected lazy or eager"))),
+        }
+    }
+}
+
+/// Event counters (DRAM, per session; shared with the background recovery thread).
 #[derive(Debug, Default)]
 struct Counters {
     splits: AtomicU64,
@@ -95,6 +141,8 @@ struct Counters {
     root_shrinks: AtomicU64,
     retries: AtomicU64,
     repairs: AtomicU64,
+    ranges_fixed: AtomicU64,
+    orphans_linked: AtomicU64,
 }
 
 /// A FAST&FAIR tree in a pool; see the [crate docs](crate).
@@ -110,7 +158,13 @@ pub struct FastFair {
     generation: u64,
     /// [`FastFairOptions::root_slot_base`].
     slot_base: usize,
-    counters: Counters,
+    counters: Arc<Counters>,
+    /// True until every node's range has been repaired (lazy recovery): readers then take
+    /// `min(high, sibling.low)` as a node's high key (docs/design.md, "Recovery"). Shared with
+    /// the background thread.
+    repairing: Arc<AtomicBool>,
+    /// The background recovery of a lazy open.
+    background: Mutex<recovery::Background>,
 }
 
 /// What a leaf write does.
@@ -132,7 +186,26 @@ impl FastFair {
             slots,
             cap: slots - 1,
             slot_base,
-            counters: Counters::default(),
+            counters: Arc::default(),
+            repairing: Arc::default(),
+            background: Mutex::default(),
+        }
+    }
+
+    /// A second handle on the same tree, sharing counters and the repair flag (for the
+    /// background recovery thread); it has no background work of its own.
+    fn sibling_handle(&self) -> FastFair {
+        FastFair {
+            pool: Arc::clone(&self.pool),
+            nsm: Arc::clone(&self.nsm),
+            node_size: self.node_size,
+            slots: self.slots,
+            cap: self.cap,
+            generation: self.generation,
+            slot_base: self.slot_base,
+            counters: Arc::clone(&self.counters),
+            repairing: Arc::clone(&self.repairing),
+            background: Mutex::default(),
         }
     }
 
@@ -232,6 +305,37 @@ impl FastFair {
     pub(crate) fn retry(&self) {
         self.counters.retries.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// True while node ranges may still hold a crash's `high > sibling.low`.
+    #[inline]
+    pub(crate) fn repairing(&self) -> bool {
+        // ORDERING: Acquire; pairs with the Release in recovery.rs that clears it after the
+        // last range repair, whose stores are then visible.
+        self.repairing.load(Ordering::Acquire)
+    }
+
+    /// Waits for the background recovery of a lazy open and returns its report; `None` when
+    /// there was none (eager open, create). Repeated calls return the same outcome.
+    ///
+    /// # Errors
+    /// What the background pass failed with (e.g. `Corrupted` when the walk found a broken
+    /// node), described again on every call; `Unsupported` when called from a thread pinned in
+    /// the epoch while the pass runs (the pass waits for such pins: it would never finish).
+    pub fn wait_recovery(&self) -> Result<Option<RecoveryReport>> {
+        recovery::wait(self)
+    }
+
+    /// True while the background recovery of a lazy open is still running.
+    pub fn recovery_pending(&self) -> bool {
+        recovery::pending(self)
+    }
+}
+
+impl Drop for FastFair {
+    fn drop(&mut self) {
+        // An unclean shutdown: the background work is cancelled; the next open starts it over.
+        recovery::stop(self, false);
+    }
 }
 
 impl Index for FastFair {
@@ -293,12 +397,22 @@ impl Index for FastFair {
                 ("height", height),
                 ("retries", get(&c.retries)),
                 ("repairs", get(&c.repairs)),
+                ("ranges_fixed", get(&c.ranges_fixed)),
+                ("orphans_linked", get(&c.orphans_linked)),
+                ("recovery_pending", u64::from(self.recovery_pending())),
                 ("node_bytes_allocated", s.allocated_bytes),
             ],
         }
     }
 
+    /// Waits for a pending background recovery first (so the tree is fully repaired and the
+    /// allocator exact), then checks the tree and NSM's free lists ("nsm free lists": no block
+    /// freed twice); a failed background recovery is reported as its error.
     fn check(&self) -> Result<CheckReport> {
+        self.wait_recovery()?;
+        self.nsm
+            .check_free_lists()
+            .map_err(|e| Error::corrupted(layout::ENGINE, format!("nsm free lists: {e}")))?;
         self.check_tree()
     }
 }
@@ -332,7 +446,11 @@ impl Engine for FastFair {
         recovery::open(pool, opts)
     }
 
+    /// Lets a pending background recovery finish (so that a cleanly closed store is collected
+    /// and repaired; from a thread pinned in the epoch it is cancelled instead, and the next open
+    /// starts it over), then closes.
     fn close(self) -> Result<()> {
+        recovery::stop(&self, true);
         self.pool.close()?;
         Ok(())
     }

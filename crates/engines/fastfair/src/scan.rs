@@ -75,6 +75,13 @@ impl FastFair {
                         }
                         Read::Done(r) => r,
                     };
+                // While a lazy recovery is repairing ranges, the sibling's low key bounds the
+                // node (see FastFair::stable); its entries beyond belong to the sibling.
+                let high = if self.repairing() && !sibling.is_null() {
+                    high.min(self.node(sibling)?.low())
+                } else {
+                    high
+                };
                 buf.sort_unstable_by_key(|e| e.0);
                 buf.dedup_by_key(|e| e.0);
                 let from = next;

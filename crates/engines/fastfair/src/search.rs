@@ -48,9 +48,25 @@ impl FastFair {
                 return Ok(Read::Dead);
             }
             let h1 = node.high();
-            if key >= h1 {
-                let s = node.sibling();
-                if node.high() != h1 {
+            // While a lazy recovery is repairing ranges, a crash may have left `high` above the
+            // sibling's low key (a rolled-back merge whose sibling is written again): the
+            // sibling's low is the real bound then (docs/design.md, "Recovery").
+            let mut bound = h1;
+            let mut s = PPtr::NULL;
+            if key < h1 && self.repairing() {
+                s = node.sibling();
+                if !s.is_null() {
+                    bound = h1.min(self.node(s)?.low());
+                }
+            }
+            if key >= bound {
+                let clipped = bound < h1;
+                if !clipped {
+                    s = node.sibling();
+                }
+                // ORDERING: Acquire, as c1. A clipped bound came from this sibling pointer: any
+                // change of it (split, merge, repair) also bumped the switch counter.
+                if node.high() != h1 || (clipped && node.hdr.switch.load(Ordering::Acquire) != c1) {
                     self.retry();
                     continue;
                 }

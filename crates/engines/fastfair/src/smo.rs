@@ -76,6 +76,10 @@ pub(crate) enum Reclaim<'g> {
     Epoch(&'g Guard),
     /// At once: recovery, before any other thread can see the tree.
     Now,
+    /// Handed to the caller, which frees them after an epoch grace period it waits for itself
+    /// (the background pass of a lazy recovery, once NSM's collection is done: so that its
+    /// report, like an eager open's, leaves no block awaiting a grace period).
+    Later(&'g std::cell::RefCell<Vec<PPtr>>),
 }
 
 impl FastFair {
@@ -478,6 +482,7 @@ impl FastFair {
                 Reclaim::Now => unsafe {
                     numakv_pmem::alloc::PmAllocator::free(&*self.nsm, r.ptr)?
                 },
+                Reclaim::Later(list) => list.borrow_mut().push(r.ptr),
             }
             self.counters.root_shrinks.fetch_add(1, Ordering::Relaxed);
             g = WriteGuard::lock(x, self.generation);

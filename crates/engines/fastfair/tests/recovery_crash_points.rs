@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{crash_round, random_op, Op, Rng};
+use common::{crash_round_with, random_op, Op, Rng};
+use numakv_fastfair::RecoveryMode;
 use numakv_pmem::{CrashOptions, PersistMode};
 
 fn workload(seed: u64) -> (Vec<Op>, Vec<Op>) {
@@ -16,14 +17,19 @@ fn workload(seed: u64) -> (Vec<Op>, Vec<Op>) {
     (pre, ops)
 }
 
+/// Crash points every `step` fences; strict crashes recover eagerly, random ones lazily (both
+/// modes see both kinds of crash over the sweep, as the offsets differ).
 fn sweep(mode: PersistMode, step: u64, seed: u64) -> Vec<numakv_index::RecoveryReport> {
     let (pre, ops) = workload(seed);
     let step = step.max(1) * (4 / numakv_pmem::crash::test_scale().min(4)) as u64;
     let mut reps = Vec::new();
     let mut fence = 1;
-    while let Some(r) = crash_round(mode, 256, &pre, &ops, fence, CrashOptions::STRICT) {
+    let round = |fence: u64, copts, rec| crash_round_with(mode, 256, &pre, &ops, fence, copts, rec);
+    let modes = [RecoveryMode::Eager, RecoveryMode::Lazy];
+    while let Some(r) = round(fence, CrashOptions::STRICT, modes[(fence / step % 2) as usize]) {
         reps.push(r);
-        reps.extend(crash_round(mode, 256, &pre, &ops, fence, CrashOptions::random(fence ^ seed)));
+        let copts = CrashOptions::random(fence ^ seed);
+        reps.extend(round(fence, copts, modes[(fence / step % 2 + 1) as usize % 2]));
         fence += step;
     }
     reps
@@ -33,6 +39,8 @@ fn sweep(mode: PersistMode, step: u64, seed: u64) -> Vec<numakv_index::RecoveryR
 fn adr_every_kth_fence() {
     let reps = sweep(PersistMode::Adr, 3, 0xadd1);
     assert!(reps.len() > 40, "only {} crash points", reps.len());
+    let lazy = reps.iter().filter(|r| r.counters.iter().any(|c| c.0 == "deferred")).count();
+    assert!(lazy > 0 && lazy < reps.len());
     // The sweep hit the interesting windows: interrupted shifts, splits and merges.
     for c in ["slots_repaired", "orphans_linked"] {
         assert!(common::counter_sum(&reps, c) > 0, "no crash exercised {c}");

@@ -32,10 +32,19 @@ fn reopen_both(dir: &Path, sim: SimMode) -> (Arc<Pool>, FastFair, FastFair) {
     let mut reachable = FastFair::reachable(&pool, &oa).unwrap();
     reachable.extend(FastFair::reachable(&pool, &ob).unwrap());
     let (nsm, _) = Nsm::recover(Arc::clone(&pool), NsmMode::Local, reachable).unwrap();
-    let (a, _) = FastFair::open_with(Arc::clone(&pool), Arc::clone(&nsm), &oa).unwrap();
+    // The options ask for lazy recovery (the default); `open_with` repairs eagerly all the same:
+    // the embedder has collected the shared NSM already, no background pass is started.
+    assert_eq!(oa.recovery, numakv_fastfair::RecoveryMode::Lazy);
+    let (a, ra) = FastFair::open_with(Arc::clone(&pool), Arc::clone(&nsm), &oa).unwrap();
     // The stored node size wins: a different one in the options is ignored at open.
-    let (b, _) = FastFair::open_with(Arc::clone(&pool), nsm, &opts(B.0, 4096)).unwrap();
+    let (b, rb) = FastFair::open_with(Arc::clone(&pool), nsm, &opts(B.0, 4096)).unwrap();
     assert_eq!((a.node_size(), b.node_size()), (A.1, B.1));
+    for (t, r) in [(&a, &ra), (&b, &rb)] {
+        assert!(r.counters.iter().all(|c| c.0 != "deferred"), "{r:?}");
+        assert!(r.counters.iter().any(|c| c.0 == "nodes"), "{r:?}");
+        assert!(!t.recovery_pending());
+        assert!(t.wait_recovery().unwrap().is_none(), "open_with started a background pass");
+    }
     (pool, a, b)
 }
 

@@ -269,6 +269,11 @@ impl<E: Engine> Kit<E> {
                 Ok(_) | Err(_) if pool.has_crashed() => continue, // crashed during recovery
                 Ok((e, _)) => {
                     pool.cancel_crash();
+                    // An engine that recovers in the background may have crashed between the
+                    // check above and the cancel (a crash during its background recovery).
+                    if pool.has_crashed() {
+                        continue;
+                    }
                     return Ok(e);
                 }
                 Err(err) => return fail(format!("{}::open after a crash", E::NAME), err),

@@ -12,6 +12,7 @@ pub mod calloc;
 pub mod naive;
 pub mod nsm;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use crossbeam_epoch as epoch;
@@ -33,6 +34,11 @@ pub trait PmAllocator: Send + Sync + 'static {
     /// access it any more — use [`retire`] when lock-free readers might.
     unsafe fn free(&self, p: PPtr) -> Result<()>;
 
+    /// Called by [`retire`] when `p` is retired, before its free is deferred, on the retiring
+    /// thread (still pinned). Allocators whose recovery runs concurrently with the engine
+    /// (NSM's deferred collection) record it; the default does nothing.
+    fn retiring(&self, _p: PPtr) {}
+
     /// The pool the allocator lives in.
     fn pool(&self) -> &Arc<Pool>;
 }
@@ -49,6 +55,7 @@ pub trait PmAllocator: Send + Sync + 'static {
 /// (e.g. after a simulated crash, when the test reopens the store). If the allocator is gone when
 /// the grace period ends, the free is skipped and the block is reclaimed by the next recovery.
 pub unsafe fn retire<A: PmAllocator>(alloc: &Arc<A>, guard: &epoch::Guard, p: PPtr) {
+    alloc.retiring(p);
     let alloc = Arc::downgrade(alloc);
     // SAFETY: the closure is 'static and Send (Weak + Copy data); crossbeam runs it after the
     // grace period, when, per the caller's contract, nobody can reach `p`.
@@ -60,4 +67,40 @@ pub unsafe fn retire<A: PmAllocator>(alloc: &Arc<A>, guard: &epoch::Guard, p: PP
             let _ = unsafe { alloc.free(p) };
         }
     });
+}
+
+/// Waits for an epoch grace period: returns once every thread that was pinned (in the default
+/// collector) when this was called has unpinned, or `false` as soon as `cancel` is true.
+/// The caller must not be pinned itself (it would wait for itself).
+///
+/// Used by deferred recovery: a thread that unlinked a block while pinned has, once it
+/// unpinned, also announced it through [`retire`].
+pub fn wait_for_unpin(cancel: &AtomicBool) -> bool {
+    let passed = Arc::new(AtomicBool::new(false));
+    {
+        let guard = epoch::pin();
+        let flag = Arc::clone(&passed);
+        // ORDERING: Release; pairs with the Acquire below. crossbeam runs this only after the
+        // global epoch advanced twice past the bag's epoch, i.e. after every thread pinned now
+        // unpinned (each unpin is ordered before the epoch advance that observes it).
+        guard.defer(move || flag.store(true, Ordering::Release));
+        // Seal the bag into the global queue now, not when the thread-local bag fills up.
+        guard.flush();
+    }
+    let mut rounds = 0u32;
+    // ORDERING: Acquire, see above; Relaxed for `cancel`, which only ends the wait.
+    while !passed.load(Ordering::Acquire) {
+        if cancel.load(Ordering::Relaxed) {
+            return false;
+        }
+        // Each pin + flush lets this thread try to advance the epoch and run expired bags.
+        epoch::pin().flush();
+        rounds += 1;
+        if rounds < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+    true
 }

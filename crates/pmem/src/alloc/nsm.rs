@@ -39,6 +39,18 @@
 //! extents are freed (papers/nobtree.txt §III-E: "rebuild heap metadata post-crash by
 //! scanning").
 //!
+//! # Deferred recovery (instant restart)
+//!
+//! Finding every reachable block means walking the engine's whole structure, which makes open
+//! O(structure size). [`Nsm::recover_deferred`] instead returns at once with every NSM extent
+//! that exists at open *frozen*: none of its blocks is handed out, each counts as allocated, and
+//! new allocations take new pages. The engine then walks its structure in the background, while
+//! it keeps operating, and hands the blocks it reached to [`Nsm::collect`], which sweeps the
+//! frozen extents. Blocks the engine unlinks meanwhile are announced by [`retire`](super::retire)
+//! ([`PmAllocator::retiring`]) and their frees are held back until the sweep, so that the sweep
+//! neither frees a block that is still (or again) reachable nor frees one a second time. The
+//! protocol and why it is safe: docs/design.md §9, "Deferred recovery".
+//!
 //! # Persistent format
 //!
 //! NSM owns extents with owner tag [`OWNER_NSM`]. `aux` is either [`LARGE`] (an extent of one
@@ -50,7 +62,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -287,8 +299,86 @@ pub struct Nsm {
     large: Mutex<HashMap<PPtr, u64>>,
     /// Next node of the round-robin page counter.
     rr_next: CachePadded<AtomicUsize>,
-    /// Bytes of small blocks found reachable at recovery (allocated before this session).
-    recovered_small_bytes: u64,
+    /// Bytes of small blocks allocated before this session: those found reachable at recovery,
+    /// or, while a deferred collection is pending, every block of the frozen pages.
+    recovered_small_bytes: AtomicU64,
+    /// The pending deferred collection, `None` once swept (or when recovery was not deferred).
+    /// Lock order: before the thread caches and the depots.
+    deferred: Mutex<Option<Deferred>>,
+    /// True while `deferred` is `Some`: lets frees skip the lock when nothing is pending.
+    deferred_pending: AtomicBool,
+}
+
+/// A collection deferred by [`Nsm::recover_deferred`]: the extents that existed at open and what
+/// happened to their blocks since.
+#[derive(Debug, Default)]
+struct Deferred {
+    /// Frozen small-block pages (extent start → size class).
+    pages: BTreeMap<PPtr, usize>,
+    /// Frozen large extents (start → pages).
+    large: BTreeMap<PPtr, u64>,
+    /// Frozen blocks announced by `retiring` (unlinked by the engine during the collection).
+    retired: HashSet<PPtr>,
+    /// Frozen blocks whose free ran during the collection: held back, freed by the sweep.
+    freed: HashSet<PPtr>,
+}
+
+impl Deferred {
+    /// Whether `block` (at `p`) lies in a frozen extent.
+    fn holds(&self, p: PPtr, block: Block) -> bool {
+        match block {
+            Block::Small { page, .. } => self.pages.contains_key(&page),
+            Block::Large => self.large.contains_key(&p),
+        }
+    }
+}
+
+/// The NSM extents of a pool with a mark per block, for a garbage-collecting sweep.
+struct Marks {
+    pages: BTreeMap<PPtr, PageMarks>,
+    /// Large extent start → (pages, marked).
+    large: BTreeMap<PPtr, (u64, bool)>,
+}
+
+impl Marks {
+    /// Whether `p` lies inside one of the extents held here.
+    fn holds_address(&self, nsm: &Nsm, p: PPtr) -> bool {
+        nsm.pool.page_info(p).is_some_and(|i| {
+            self.pages.contains_key(&i.extent) || self.large.contains_key(&i.extent)
+        })
+    }
+}
+
+/// Marks of one small-block page.
+struct PageMarks {
+    class: usize,
+    bits: Vec<u64>,
+    marked: u64,
+}
+
+impl PageMarks {
+    fn new(blocks: u64, class: usize) -> PageMarks {
+        PageMarks { class, bits: vec![0; blocks.div_ceil(64) as usize], marked: 0 }
+    }
+
+    /// Sets (or clears) block `i`'s mark; true if it changed.
+    fn set(&mut self, i: u64, on: bool) -> bool {
+        let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
+        if (self.bits[w] & bit != 0) == on {
+            return false;
+        }
+        self.bits[w] ^= bit;
+        if on {
+            self.marked += 1;
+        } else {
+            self.marked -= 1;
+        }
+        true
+    }
+
+    fn get(&self, i: u64) -> bool {
+        self.bits[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
 }
 
 impl fmt::Debug for Nsm {
@@ -352,7 +442,9 @@ impl Nsm {
             depots,
             large: Mutex::new(HashMap::new()),
             rr_next: CachePadded::new(AtomicUsize::new(0)),
-            recovered_small_bytes: 0,
+            recovered_small_bytes: AtomicU64::new(0),
+            deferred: Mutex::new(None),
+            deferred_pending: AtomicBool::new(false),
         })
     }
 
@@ -607,7 +699,11 @@ impl Nsm {
     }
 
     fn free_block(&self, p: PPtr) -> Result<()> {
-        match self.classify(p)? {
+        let block = self.classify(p)?;
+        if self.hold_back_free(p, block)? {
+            return Ok(());
+        }
+        match block {
             Block::Small { class, .. } => {
                 let node = p.node();
                 let mut cache = self.cache()?;
@@ -642,17 +738,42 @@ impl Nsm {
         }
     }
 
+    /// A free of a frozen block while a deferred collection is pending is only recorded: the
+    /// sweep frees it (exactly once, whatever the walk saw). True if `p` was held back.
+    fn hold_back_free(&self, p: PPtr, block: Block) -> Result<bool> {
+        // ORDERING: Acquire; pairs with the Release in `collect`. A stale `true` is re-checked
+        // under the lock; a `false` means the sweep is over and the normal path applies.
+        if !self.deferred_pending.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut guard = self.deferred.lock();
+        let Some(d) = guard.as_mut() else { return Ok(false) };
+        if !d.holds(p, block) {
+            return Ok(false);
+        }
+        if !d.freed.insert(p) {
+            return Err(PoolError::BadPointer {
+                ptr: p.to_string(),
+                why: "NSM block freed twice during a deferred collection",
+            });
+        }
+        Ok(true)
+    }
+
     // -----------------------------------------------------------------------------------------
     // Leak checks and statistics
     // -----------------------------------------------------------------------------------------
 
     /// Every block NSM considers allocated: the blocks of NSM pages that are on no free list,
-    /// in no depot and not yet cut from a fresh page, plus every large extent; sorted.
+    /// in no depot and not yet cut from a fresh page, plus every large extent; sorted. While a
+    /// deferred collection is pending, every block of a frozen extent counts, except those
+    /// whose free was held back.
     ///
     /// Exact when no other thread allocates or frees meanwhile (the testkit's leak check runs
     /// quiescent); it locks every thread cache, so it is not for hot paths.
     pub fn allocated_blocks(&self) -> Vec<PPtr> {
-        // Lock order everywhere: thread cache(s) in tid order, then depots.
+        // Lock order everywhere: deferred state, thread cache(s) in tid order, then depots.
+        let deferred = self.deferred.lock();
         let caches: Vec<_> = self.caches.iter().map(|c| c.lock()).collect();
         let depots: Vec<_> = self.depots.iter().flat_map(|d| d.iter().map(|m| m.lock())).collect();
         let mut free: HashSet<PPtr> = HashSet::new();
@@ -666,6 +787,9 @@ impl Nsm {
         for d in &depots {
             free.extend(d.iter().copied());
         }
+        if let Some(d) = deferred.as_ref() {
+            free.extend(d.freed.iter().copied());
+        }
         let mut out = Vec::new();
         for node in 0..self.nodes {
             for e in self.pool.extents(node).unwrap_or_default() {
@@ -673,7 +797,9 @@ impl Nsm {
                     continue;
                 }
                 if e.aux == LARGE {
-                    out.push(e.ptr);
+                    if !free.contains(&e.ptr) {
+                        out.push(e.ptr);
+                    }
                     continue;
                 }
                 let class = usize::from(e.aux);
@@ -692,7 +818,53 @@ impl Nsm {
         out
     }
 
-    /// Pages per node and bytes handed out (see [`NsmStats`]).
+    /// Checks the volatile free state: every block on a free list, in a depot or held back by
+    /// a deferred collection is an NSM block start, appears once (a block there twice was
+    /// freed twice and would be handed out twice), and lies in no fresh page's uncut rest.
+    /// Quiescent, like [`Nsm::allocated_blocks`].
+    ///
+    /// # Errors
+    /// `Corrupted` naming the first offending block.
+    pub fn check_free_lists(&self) -> Result<()> {
+        let deferred = self.deferred.lock();
+        let caches: Vec<_> = self.caches.iter().map(|c| c.lock()).collect();
+        let depots: Vec<_> = self.depots.iter().flat_map(|d| d.iter().map(|m| m.lock())).collect();
+        let mut fresh: HashMap<PPtr, u64> = HashMap::new();
+        // (block, held back by a deferred collection: may be a large block)
+        let mut free: Vec<(PPtr, bool)> = Vec::new();
+        for cache in &caches {
+            for slab in &cache.slabs {
+                free.extend(slab.free.iter().flatten().map(|&p| (p, false)));
+                fresh.extend(slab.fresh.iter().flatten().map(|f| (f.base, f.next)));
+            }
+        }
+        for d in &depots {
+            free.extend(d.iter().map(|&p| (p, false)));
+        }
+        free.extend(deferred.iter().flat_map(|d| d.freed.iter().map(|&p| (p, true))));
+        let mut seen = HashSet::with_capacity(free.len());
+        for (p, held) in free {
+            let bad = |why: &str| Err(PoolError::corrupted(format!("free NSM block {p}: {why}")));
+            if !seen.insert(p) {
+                return bad("free twice (double free)");
+            }
+            match self.classify(p) {
+                Ok(Block::Small { class, page }) => {
+                    let i = (p.offset() - page.offset()) / self.classes[class];
+                    if fresh.get(&page).is_some_and(|&next| i >= next) {
+                        return bad("not yet cut from its fresh page");
+                    }
+                }
+                Ok(Block::Large) if held => {}
+                Ok(Block::Large) => return bad("a large block on a small free list"),
+                Err(e) => return bad(&e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Pages per node and bytes handed out (see [`NsmStats`]). While a deferred collection is
+    /// pending, every block of a frozen extent counts as handed out.
     pub fn stats(&self) -> NsmStats {
         let mut stats = NsmStats {
             small_pages: vec![0; self.nodes],
@@ -710,16 +882,149 @@ impl Nsm {
                 }
             }
         }
+        let frozen_large: u64 =
+            self.deferred.lock().as_ref().map_or(0, |d| d.large.values().sum::<u64>());
         let small: i64 = self.caches.iter().map(|c| c.lock().small_bytes).sum();
-        let small = (self.recovered_small_bytes as i64).saturating_add(small).max(0) as u64;
+        // ORDERING: Relaxed; a statistic, read without synchronising with the sweep.
+        let recovered = self.recovered_small_bytes.load(Ordering::Relaxed);
+        let small = (recovered as i64).saturating_add(small).max(0) as u64;
         let large: u64 = self.large.lock().values().map(|&pages| pages * self.page_size).sum();
-        stats.allocated_bytes = small + large;
+        stats.allocated_bytes = small + large + frozen_large * self.page_size;
         stats
     }
 
     // -----------------------------------------------------------------------------------------
     // Recovery
     // -----------------------------------------------------------------------------------------
+
+    /// Every NSM extent of the pool, unmarked. `Corrupted` for an impossible class.
+    fn unmarked(&self) -> Result<Marks> {
+        let mut marks = Marks { pages: BTreeMap::new(), large: BTreeMap::new() };
+        for node in 0..self.nodes {
+            for e in self.pool.extents(node)? {
+                if e.owner != OWNER_NSM {
+                    continue;
+                }
+                if e.aux == LARGE {
+                    marks.large.insert(e.ptr, (e.pages, false));
+                    continue;
+                }
+                let class = usize::from(e.aux);
+                if class >= self.classes.len() || e.pages != 1 {
+                    return Err(PoolError::corrupted(format!(
+                        "NSM extent {} has class {class} and {} pages",
+                        e.ptr, e.pages
+                    )));
+                }
+                marks.pages.insert(e.ptr, PageMarks::new(self.blocks_per_page(class), class));
+            }
+        }
+        Ok(marks)
+    }
+
+    /// Marks every reachable block of `marks`' extents; returns how many distinct blocks were
+    /// marked. A pointer that is not an NSM block start is `Corrupted`; one of an extent that
+    /// `marks` does not hold is `Corrupted` when `strict`, else skipped (a deferred collection
+    /// only sweeps the extents frozen at open; later ones are tracked exactly — a block the
+    /// concurrent walk reached may even have been freed since, with its large extent, which is
+    /// why only pointers into held extents must be blocks then). Changes nothing but `marks`.
+    fn mark(
+        &self,
+        marks: &mut Marks,
+        reachable: impl IntoIterator<Item = PPtr>,
+        strict: bool,
+    ) -> Result<u64> {
+        let mut count = 0;
+        for p in reachable {
+            let block = match self.classify(p) {
+                Ok(b) => b,
+                Err(PoolError::BadPointer { .. }) if !strict && !marks.holds_address(self, p) => {
+                    continue
+                }
+                Err(PoolError::BadPointer { why, .. }) => {
+                    return Err(PoolError::corrupted(format!(
+                        "reachable pointer {p} is not an NSM block: {why}"
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
+            let not_indexed =
+                || PoolError::corrupted(format!("{p}: NSM extent missing from the heap index"));
+            let fresh = match block {
+                Block::Small { class, page } => match marks.pages.get_mut(&page) {
+                    Some(pg) => pg.set((p.offset() - page.offset()) / self.classes[class], true),
+                    None if strict => return Err(not_indexed()),
+                    None => false,
+                },
+                Block::Large => match marks.large.get_mut(&p) {
+                    Some(l) => !std::mem::replace(&mut l.1, true),
+                    None if strict => return Err(not_indexed()),
+                    None => false,
+                },
+            };
+            count += u64::from(fresh);
+        }
+        Ok(count)
+    }
+
+    /// Sets (`on`) or clears the mark of one block of `marks`, if it holds the block.
+    fn set_mark(&self, marks: &mut Marks, p: PPtr, on: bool) {
+        match self.classify(p) {
+            Ok(Block::Small { class, page }) => {
+                if let Some(pg) = marks.pages.get_mut(&page) {
+                    pg.set((p.offset() - page.offset()) / self.classes[class], on);
+                }
+            }
+            Ok(Block::Large) => {
+                if let Some(l) = marks.large.get_mut(&p) {
+                    l.1 = on;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// The sweep: pages without a marked block and unmarked large extents return to the heap,
+    /// unmarked blocks of the other pages go to the depots (lowest address handed out first),
+    /// marked large extents become live. Returns the bytes of marked small blocks.
+    fn sweep(&self, marks: Marks, report: &mut NsmRecovery) -> Result<u64> {
+        let mut small_bytes = 0;
+        // (node, class) → free blocks, ascending; moved to the depots at the end.
+        let mut free: BTreeMap<(usize, usize), Vec<PPtr>> = BTreeMap::new();
+        for (page, pg) in marks.pages {
+            if pg.marked == 0 {
+                // PERSIST: free_pages persists the cleared descriptor; a crash before it merely
+                // leaves the page for the next recovery to collect again.
+                self.pool.free_pages(page)?;
+                report.pages_freed += 1;
+                continue;
+            }
+            report.pages_kept += 1;
+            let size = self.classes[pg.class];
+            small_bytes += pg.marked * size;
+            let list = free.entry((page.node(), pg.class)).or_default();
+            let before = list.len();
+            let count = self.blocks_per_page(pg.class);
+            list.extend((0..count).filter(|&i| !pg.get(i)).filter_map(|i| page.add(i * size)));
+            report.blocks_free += (list.len() - before) as u64;
+        }
+        for ((node, class), list) in free {
+            // Depots pop from the end: pushing in descending order hands out the lowest
+            // addresses first.
+            self.depots[node][class].lock().extend(list.into_iter().rev());
+        }
+        for (p, (n, reached)) in marks.large {
+            if reached {
+                self.large.lock().insert(p, n);
+                report.large_kept += 1;
+            } else {
+                // PERSIST: as above; an unreachable large extent is durably free.
+                self.pool.free_pages(p)?;
+                report.large_freed += 1;
+            }
+        }
+        Ok(small_bytes)
+    }
 
     /// Rebuilds NSM over a reopened pool (after a crash or a clean shutdown — free lists are
     /// volatile either way) by garbage collection: `reachable` are all blocks the engine can
@@ -740,112 +1045,125 @@ impl Nsm {
         if pool.has_crashed() {
             return Err(PoolError::InvalidArgument("pool crashed; reopen it to recover".into()));
         }
-        let mut nsm = Self::build(pool, mode)?;
-        let pool = Arc::clone(&nsm.pool);
-
-        // 1. Index every NSM extent: small pages get a mark bitmap, large extents a flag.
-        struct Page {
-            class: usize,
-            marks: Vec<u64>,
-            marked: u64,
-        }
-        let mut pages: BTreeMap<PPtr, Page> = BTreeMap::new();
-        let mut large: BTreeMap<PPtr, (u64, bool)> = BTreeMap::new();
-        for node in 0..nsm.nodes {
-            for e in pool.extents(node)? {
-                if e.owner != OWNER_NSM {
-                    continue;
-                }
-                if e.aux == LARGE {
-                    large.insert(e.ptr, (e.pages, false));
-                    continue;
-                }
-                let class = usize::from(e.aux);
-                if class >= nsm.classes.len() || e.pages != 1 {
-                    return Err(PoolError::corrupted(format!(
-                        "NSM extent {} has class {class} and {} pages",
-                        e.ptr, e.pages
-                    )));
-                }
-                let words = nsm.blocks_per_page(class).div_ceil(64) as usize;
-                pages.insert(e.ptr, Page { class, marks: vec![0; words], marked: 0 });
-            }
-        }
-
-        // 2. Mark. Only volatile state changes until every pointer has been checked.
-        let mut report = NsmRecovery::default();
-        for p in reachable {
-            let block = nsm.classify(p).map_err(|e| match e {
-                PoolError::BadPointer { why, .. } => PoolError::corrupted(format!(
-                    "reachable pointer {p} is not an NSM block: {why}"
-                )),
-                other => other,
-            })?;
-            let not_indexed =
-                || PoolError::corrupted(format!("{p}: NSM extent missing from the heap index"));
-            match block {
-                Block::Small { class, page } => {
-                    let pg = pages.get_mut(&page).ok_or_else(not_indexed)?;
-                    let i = (p.offset() - page.offset()) / nsm.classes[class];
-                    let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
-                    if pg.marks[w] & bit == 0 {
-                        pg.marks[w] |= bit;
-                        pg.marked += 1;
-                        report.blocks_reachable += 1;
-                    }
-                }
-                Block::Large => {
-                    let l = large.get_mut(&p).ok_or_else(not_indexed)?;
-                    if !l.1 {
-                        l.1 = true;
-                        report.blocks_reachable += 1;
-                    }
-                }
-            }
-        }
-
-        // 3. Sweep.
-        let mut small_bytes = 0;
-        for (page, pg) in pages {
-            if pg.marked == 0 {
-                // PERSIST: free_pages persists the cleared descriptor; a crash before it merely
-                // leaves the page for the next recovery to collect again.
-                pool.free_pages(page)?;
-                report.pages_freed += 1;
-                continue;
-            }
-            report.pages_kept += 1;
-            let size = nsm.classes[pg.class];
-            small_bytes += pg.marked * size;
-            let count = nsm.blocks_per_page(pg.class);
-            let depot = nsm.depots[page.node()][pg.class].get_mut();
-            for i in 0..count {
-                if pg.marks[(i / 64) as usize] & (1 << (i % 64)) == 0 {
-                    if let Some(b) = page.add(i * size) {
-                        depot.push(b);
-                        report.blocks_free += 1;
-                    }
-                }
-            }
-        }
-        let live = nsm.large.get_mut();
-        for (p, (n, reached)) in large {
-            if reached {
-                live.insert(p, n);
-                report.large_kept += 1;
-            } else {
-                // PERSIST: as above; an unreachable large extent is durably free.
-                pool.free_pages(p)?;
-                report.large_freed += 1;
-            }
-        }
-        // Hand out the lowest addresses first: depots pop from the end.
-        for d in nsm.depots.iter_mut().flat_map(|d| d.iter_mut()) {
-            d.get_mut().reverse();
-        }
-        nsm.recovered_small_bytes = small_bytes;
+        let nsm = Self::build(pool, mode)?;
+        let mut marks = nsm.unmarked()?;
+        // Only volatile state changes until every pointer has been checked.
+        let mut report = NsmRecovery {
+            blocks_reachable: nsm.mark(&mut marks, reachable, true)?,
+            ..NsmRecovery::default()
+        };
+        let small_bytes = nsm.sweep(marks, &mut report)?;
+        // ORDERING: Relaxed; the Arc below publishes it.
+        nsm.recovered_small_bytes.store(small_bytes, Ordering::Relaxed);
         report.elapsed = t0.elapsed();
         Ok((Arc::new(nsm), report))
+    }
+
+    /// Opens NSM over a reopened pool without knowing what is reachable — O(NSM extents), not
+    /// O(blocks): every NSM extent existing now is frozen (its blocks count as allocated and
+    /// none is handed out), new allocations take new pages. The collection of the frozen
+    /// extents' unreachable blocks is [`Nsm::collect`]'s job, later.
+    ///
+    /// The engine's side of the protocol (docs/design.md §9, "Deferred recovery"):
+    /// - it makes no block reachable that was unreachable when this returned;
+    /// - it frees blocks it unlinks only through [`retire`](super::retire), called while still
+    ///   pinned in the epoch guard under which it unlinked them;
+    /// - the walk it hands to [`Nsm::collect`] starts after this returned and reaches every block
+    ///   that stays reachable from its start until the walk passes it.
+    ///
+    /// # Errors
+    /// As [`Nsm::recover`], without the reachability errors.
+    pub fn recover_deferred(pool: Arc<Pool>, mode: NsmMode) -> Result<Arc<Nsm>> {
+        if pool.has_crashed() {
+            return Err(PoolError::InvalidArgument("pool crashed; reopen it to recover".into()));
+        }
+        let nsm = Self::build(pool, mode)?;
+        let marks = nsm.unmarked()?;
+        let mut frozen_bytes = 0;
+        let mut d = Deferred::default();
+        for (page, pg) in marks.pages {
+            frozen_bytes += nsm.blocks_per_page(pg.class) * nsm.classes[pg.class];
+            d.pages.insert(page, pg.class);
+        }
+        d.large = marks.large.into_iter().map(|(p, (n, _))| (p, n)).collect();
+        // ORDERING: Relaxed, both: the Arc below publishes them.
+        nsm.recovered_small_bytes.store(frozen_bytes, Ordering::Relaxed);
+        nsm.deferred_pending.store(true, Ordering::Relaxed);
+        *nsm.deferred.lock() = Some(d);
+        Ok(Arc::new(nsm))
+    }
+
+    /// True from [`Nsm::recover_deferred`] until [`Nsm::collect`] has swept.
+    pub fn collection_pending(&self) -> bool {
+        // ORDERING: Acquire; pairs with the Release in `collect`.
+        self.deferred_pending.load(Ordering::Acquire)
+    }
+
+    /// Finishes a deferred recovery: waits for an epoch grace period (every thread pinned now
+    /// has unpinned — so every block unlinked before the caller's walk passed it has been
+    /// announced through [`retire`](super::retire)), then sweeps the frozen extents. A frozen
+    /// block is freed iff its free was held back, or it is neither in `reachable` nor
+    /// announced as retired (then its own deferred free will free it, after the sweep).
+    ///
+    /// `reachable`: the blocks reached by a walk that started after
+    /// [`Nsm::recover_deferred`] returned (see there); blocks outside the frozen extents are
+    /// checked and ignored. Returns `None`, with nothing changed and the collection still
+    /// pending, when `cancel` became true while waiting. The caller must not be pinned.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when no collection is pending; `Corrupted` — with nothing changed and
+    /// the collection still pending — when a reachable pointer is not an NSM block start;
+    /// errors of [`Pool::free_pages`] (then the blocks not yet swept stay allocated: a leak
+    /// until the next open, never a double allocation).
+    pub fn collect(
+        &self,
+        reachable: impl IntoIterator<Item = PPtr>,
+        cancel: &AtomicBool,
+    ) -> Result<Option<NsmRecovery>> {
+        let t0 = Instant::now();
+        if !self.collection_pending() {
+            return Err(PoolError::InvalidArgument("no deferred NSM collection pending".into()));
+        }
+        // Before taking the lock: a deferred free that runs while we wait takes it.
+        if !super::wait_for_unpin(cancel) {
+            return Ok(None);
+        }
+        let mut guard = self.deferred.lock();
+        let Some(d) = guard.as_ref() else {
+            return Err(PoolError::InvalidArgument("no deferred NSM collection pending".into()));
+        };
+        let mut marks = Marks {
+            pages: d
+                .pages
+                .iter()
+                .map(|(&p, &class)| (p, PageMarks::new(self.blocks_per_page(class), class)))
+                .collect(),
+            large: d.large.iter().map(|(&p, &n)| (p, (n, false))).collect(),
+        };
+        let mut report = NsmRecovery {
+            blocks_reachable: self.mark(&mut marks, reachable, false)?,
+            ..NsmRecovery::default()
+        };
+        // Kept iff (reached or retired) and not freed: a retired block's own free frees it
+        // (held back if it already ran: then the sweep frees it now).
+        for &p in &d.retired {
+            self.set_mark(&mut marks, p, true);
+        }
+        for &p in &d.freed {
+            self.set_mark(&mut marks, p, false);
+        }
+        let Some(d) = guard.take() else { unreachable!("checked above") };
+        let result = self.sweep(marks, &mut report);
+        // ORDERING: Release; pairs with the Acquire in `hold_back_free`: a free that sees
+        // `false` goes the normal way, and the frozen blocks are ordinary blocks from now on.
+        self.deferred_pending.store(false, Ordering::Release);
+        drop(guard);
+        drop(d);
+        let small_bytes = result?;
+        // ORDERING: Relaxed; a statistic.
+        self.recovered_small_bytes.store(small_bytes, Ordering::Relaxed);
+        report.elapsed = t0.elapsed();
+        Ok(Some(report))
     }
 }
 
@@ -862,6 +1180,19 @@ impl PmAllocator for Nsm {
     /// NSM cannot detect without per-block metadata.
     unsafe fn free(&self, p: PPtr) -> Result<()> {
         self.free_block(p)
+    }
+
+    /// While a deferred collection is pending, records a frozen block as retired: the sweep
+    /// then leaves it to its own (deferred) free, whether or not the walk reached it.
+    fn retiring(&self, p: PPtr) {
+        if !self.collection_pending() {
+            return;
+        }
+        let Ok(block) = self.classify(p) else { return }; // the free will report it
+        let mut guard = self.deferred.lock();
+        if let Some(d) = guard.as_mut().filter(|d| d.holds(p, block)) {
+            d.retired.insert(p);
+        }
     }
 
     fn pool(&self) -> &Arc<Pool> {

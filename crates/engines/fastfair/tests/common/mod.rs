@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use numakv_fastfair::{FastFair, FastFairOptions};
+use numakv_fastfair::{FastFair, FastFairOptions, RecoveryMode};
 use numakv_index::Engine;
 use numakv_pmem::{OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
 
@@ -33,12 +33,44 @@ pub fn create(dir: &Path, mode: PersistMode, sim: SimMode, node_size: usize) -> 
     FastFair::create(pool, &opts(node_size)).unwrap()
 }
 
-/// Reopens the store in `dir` (recovery included).
+/// A store in `dir` of `capacity` bytes (small ones are cheap to copy and to close).
+pub fn create_small(dir: &Path, sim: SimMode, node_size: usize, capacity: u64) -> FastFair {
+    let mut cfg = pool_cfg(PersistMode::Adr, sim);
+    cfg.capacity_per_node = capacity;
+    let pool = Pool::create(dir, cfg).unwrap();
+    FastFair::create(pool, &opts(node_size)).unwrap()
+}
+
+/// Reopens the store in `dir` (recovery included, lazy: the default).
 pub fn reopen(dir: &Path, sim: SimMode) -> (FastFair, numakv_index::RecoveryReport) {
+    reopen_with(dir, sim, RecoveryMode::default())
+}
+
+/// Reopens the store in `dir` with the given recovery mode.
+pub fn reopen_with(
+    dir: &Path,
+    sim: SimMode,
+    recovery: RecoveryMode,
+) -> (FastFair, numakv_index::RecoveryReport) {
     let mut c = OpenConfig::new(FastFair::engine_id());
     c.sim = sim;
     let pool: Arc<Pool> = Pool::open(dir, c).unwrap();
-    FastFair::open(pool, &FastFairOptions::default()).unwrap()
+    FastFair::open(pool, &FastFairOptions { recovery, ..Default::default() }).unwrap()
+}
+
+/// The recovery report of a reopen, with a lazy open's background counters (waited for).
+pub fn full_report(
+    t: &FastFair,
+    open: numakv_index::RecoveryReport,
+) -> numakv_index::RecoveryReport {
+    match t.wait_recovery().unwrap() {
+        Some(mut bg) => {
+            bg.was_clean = open.was_clean;
+            bg.counters.extend(open.counters); // ("deferred", 1)
+            bg
+        }
+        None => open,
+    }
 }
 
 /// Small deterministic PRNG (xorshift) so tests need no seeds from outside.
@@ -154,8 +186,18 @@ pub fn verify(t: &FastFair, model: &BTreeMap<u64, u64>, pending: Option<Op>, exa
     } else {
         assert!(r.reachable_blocks <= r.allocated_blocks, "{r:?}");
     }
-    let got = contents(t);
+    let got = check_contents(t, model, pending);
     assert_eq!(r.entries, got.len() as u64);
+}
+
+/// A full scan is the model with `pending` wholly absent or wholly applied, and point gets
+/// agree with it (no `check()`: usable while a lazy recovery runs). Returns the contents.
+pub fn check_contents(
+    t: &FastFair,
+    model: &BTreeMap<u64, u64>,
+    pending: Option<Op>,
+) -> BTreeMap<u64, u64> {
+    let got = contents(t);
     let mut after = model.clone();
     if let Some(op) = pending {
         model_apply(&mut after, op);
@@ -167,6 +209,7 @@ pub fn verify(t: &FastFair, model: &BTreeMap<u64, u64>, pending: Option<Op>, exa
     for (k, v) in &got {
         assert_eq!(t.get(*k).unwrap(), Some(*v));
     }
+    got
 }
 
 /// One crash round in shadow mode: a fresh store with node size `ns`, `pre` applied, then a
@@ -179,6 +222,20 @@ pub fn crash_round(
     ops: &[Op],
     fence: u64,
     copts: CrashOptions,
+) -> Option<numakv_index::RecoveryReport> {
+    crash_round_with(mode, ns, pre, ops, fence, copts, RecoveryMode::default())
+}
+
+/// [`crash_round`] with the given recovery mode. A lazy round reads the whole tree while the
+/// background recovery runs, before `check()` waits for it.
+pub fn crash_round_with(
+    mode: PersistMode,
+    ns: usize,
+    pre: &[Op],
+    ops: &[Op],
+    fence: u64,
+    copts: CrashOptions,
+    recovery: RecoveryMode,
 ) -> Option<numakv_index::RecoveryReport> {
     let d = tempfile::tempdir().unwrap();
     let t = create(d.path(), mode, SimMode::Shadow, ns);
@@ -204,8 +261,10 @@ pub fn crash_round(
     }
     drop(t);
     drop(pool);
-    let (t, rep) = reopen(d.path(), SimMode::Shadow);
+    let (t, rep) = reopen_with(d.path(), SimMode::Shadow, recovery);
     assert!(!rep.was_clean);
+    check_contents(&t, &model, pending);
+    let rep = full_report(&t, rep);
     verify_recovered(&t, &model, pending);
     // The recovered tree keeps working.
     let mut model = contents(&t);
@@ -232,4 +291,80 @@ pub fn vk(k: u64) -> u64 {
 /// Scaled op count.
 pub fn scaled(n: usize) -> usize {
     n * numakv_pmem::crash::test_scale()
+}
+
+/// Scrambled key number `i` in `1..=space`-ish (spreads splits over the whole tree).
+pub fn scrambled(i: u64) -> u64 {
+    1 + i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % 1_000_000_007
+}
+
+/// A store in `dir` (ADR, shadow) that crashed in the middle of a mixed workload after
+/// `keys` inserts and a wave of removes (merges: retired nodes), so that it holds garbage
+/// blocks and, often, interrupted shifts, splits or merges. Returns the acknowledged contents
+/// and the operation the crash interrupted (`None` if it fell between operations).
+pub fn crashed_store(
+    dir: &Path,
+    ns: usize,
+    seed: u64,
+    keys: u64,
+) -> (BTreeMap<u64, u64>, Option<Op>) {
+    let t = create(dir, PersistMode::Adr, SimMode::Shadow, ns);
+    let mut rng = Rng(seed | 1);
+    let mut model = BTreeMap::new();
+    for i in 0..keys {
+        let op = Op::Insert(scrambled(i), rng.next());
+        tree_apply(&t, &model, op);
+        model_apply(&mut model, op);
+    }
+    for i in 0..keys {
+        if rng.below(3) > 0 {
+            let op = Op::Remove(scrambled(i));
+            tree_apply(&t, &model, op);
+            model_apply(&mut model, op);
+        }
+    }
+    let pool = Arc::clone(numakv_index::Engine::pool(&t));
+    pool.crash_after_fences(1 + rng.below(3_000), CrashOptions::random(seed)).unwrap();
+    let mut pending = None;
+    while !pool.has_crashed() {
+        let op = random_op(&mut rng, keys * 2, 5);
+        let op = match op {
+            Op::Insert(k, v) => Op::Insert(scrambled(k), v),
+            Op::Upsert(k, v) => Op::Upsert(scrambled(k), v),
+            Op::Update(k, v) => Op::Update(scrambled(k), v),
+            Op::Remove(k) => Op::Remove(scrambled(k)),
+        };
+        tree_apply(&t, &model, op);
+        if pool.has_crashed() {
+            pending = Some(op);
+            break;
+        }
+        model_apply(&mut model, op);
+    }
+    (model, pending)
+}
+
+/// Resolves the interrupted operation by looking at the recovered tree: the model it is in.
+pub fn resolve(t: &FastFair, model: &mut BTreeMap<u64, u64>, pending: Option<Op>) {
+    let Some(op) = pending else { return };
+    let k = op.key();
+    let got = t.get(k).unwrap();
+    let mut after = model.clone();
+    model_apply(&mut after, op);
+    if got == after.get(&k).copied() {
+        *model = after;
+    } else {
+        assert_eq!(got, model.get(&k).copied(), "{op:?} neither applied nor absent");
+    }
+}
+
+/// A scratch directory, in `/dev/shm` when it exists (memory-backed, like PM: copying and
+/// syncing sparse node files costs no disk I/O).
+pub fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
 }
