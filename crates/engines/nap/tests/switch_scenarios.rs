@@ -84,16 +84,20 @@ fn manual_switches_keep_every_value() {
 fn background_switches_under_concurrent_load() {
     let e = N::create(pool(2), &common::churning_options()).unwrap();
     let threads = 4u64;
-    let deadline = Instant::now() + Duration::from_millis(800);
+    // Run at least 0.8 s and until 5 switches happened (at most 20 s): on a loaded machine
+    // the switch thread gets fewer turns, and a fixed window made the count a matter of luck.
+    let start = Instant::now();
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         for t in 0..threads {
             let e = &e;
+            let stop = &stop;
             s.spawn(move || {
                 numa::set_current_node(t as usize % 2);
                 let mut model: BTreeMap<u64, u64> = BTreeMap::new();
                 let mut rng = SmallRng::seed_from_u64(t);
                 let mut i = 0u64;
-                while Instant::now() < deadline {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     i += 1;
                     // Skewed keys owned by this thread (k ≡ t mod threads); the hot range moves.
                     let phase = i / 5_000;
@@ -124,6 +128,17 @@ fn background_switches_under_concurrent_load() {
                     assert_eq!(e.get(k).unwrap(), Some(v));
                 }
             });
+        }
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let elapsed = start.elapsed();
+            let switched = e.stats().counter("nap_switches").unwrap_or(0);
+            if (elapsed >= Duration::from_millis(800) && switched >= 5)
+                || elapsed >= Duration::from_secs(20)
+            {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                break;
+            }
         }
     });
     let switches = e.stats().counter("nap_switches").unwrap();
