@@ -152,6 +152,9 @@ impl F3TreeOptions {
             node_size: self.node_size,
             nsm_mode: self.nsm_mode(),
             root_slot_base: layout::TREE_SLOT_BASE,
+            // The tree is opened with `FastFair::open_with` over the NSM this engine shares and
+            // recovers itself, which always repairs eagerly (docs/design.md, "Sharing a pool").
+            recovery: numakv_fastfair::RecoveryMode::Eager,
         }
     }
 
