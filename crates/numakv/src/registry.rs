@@ -63,6 +63,9 @@ pub enum EngineKind {
     /// a DRAM hash table of pending keys, per-node evaluate threads checkpointing into a global
     /// FAST&FAIR tree.
     F3Tree,
+    /// Nap over NBTree: the same layer as [`EngineKind::NapFastFair`] over a different raw
+    /// engine (Nap is a black box over any index).
+    NapNbTree,
 }
 
 impl EngineKind {
@@ -74,6 +77,7 @@ impl EngineKind {
         EngineKind::NStore,
         EngineKind::NbTree,
         EngineKind::F3Tree,
+        EngineKind::NapNbTree,
     ];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
@@ -91,6 +95,7 @@ impl EngineKind {
             EngineKind::NStore => f.run::<NStore>(),
             EngineKind::NbTree => f.run::<NbTree>(),
             EngineKind::F3Tree => f.run::<F3Tree>(),
+            EngineKind::NapNbTree => f.run::<Nap<NbTree>>(),
         }
     }
 
@@ -217,6 +222,8 @@ pub enum EngineOptions {
     NbTree(NbTreeOptions),
     /// Options of [`EngineKind::F3Tree`].
     F3Tree(F3TreeOptions),
+    /// Options of [`EngineKind::NapNbTree`].
+    NapNbTree(NapOptions<NbTreeOptions>),
 }
 
 impl EngineOptions {
@@ -229,6 +236,7 @@ impl EngineOptions {
             EngineOptions::NStore(_) => EngineKind::NStore,
             EngineOptions::NbTree(_) => EngineKind::NbTree,
             EngineOptions::F3Tree(_) => EngineKind::F3Tree,
+            EngineOptions::NapNbTree(_) => EngineKind::NapNbTree,
         }
     }
 
@@ -387,8 +395,8 @@ impl EngineConfig for FastFairOptions {
     }
 }
 
-/// Nap's own keys; a Nap engine's table is these plus its raw engine's.
-const NAP_KEYS: &[OptionKey] = &[
+/// Nap's own keys; a Nap engine's table is these followed by its raw engine's.
+const NAP_OWN_KEYS: &[OptionKey] = &[
     OptionKey { key: "hot", help: "hot-set size in keys (100000 in the paper)" },
     OptionKey {
         key: "sample",
@@ -408,43 +416,82 @@ const NAP_KEYS: &[OptionKey] = &[
         key: "background",
         help: "run the switch thread: true | false (false: no switches)",
     },
-    OptionKey {
-        key: "node_size",
-        help: "raw FAST&FAIR: node size in bytes, a multiple of 64 in 256..=4096 (512)",
-    },
-    OptionKey {
-        key: "nsm_mode",
-        help: "raw FAST&FAIR: node placement: local | round-robin | node:N",
-    },
-    OptionKey {
-        key: "recovery",
-        help: "raw FAST&FAIR: open's recovery: lazy (instant, background pass) | eager",
-    },
 ];
+
+/// `a` then `b`, as one array (option tables of layered engines, built at compile time).
+const fn concat_keys<const N: usize>(a: &[OptionKey], b: &[OptionKey]) -> [OptionKey; N] {
+    assert!(a.len() + b.len() == N, "concat_keys: wrong length");
+    let mut out = [OptionKey { key: "", help: "" }; N];
+    let mut i = 0;
+    while i < a.len() {
+        out[i] = a[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < b.len() {
+        out[i + j] = b[j];
+        j += 1;
+    }
+    out
+}
+
+/// A raw engine's options that a Nap layer wraps in the facade (`nap-<engine>`): where the
+/// layered engine's options sit in [`EngineOptions`], and its option table.
+pub(crate) trait NapRawConfig: EngineConfig {
+    /// [`NAP_OWN_KEYS`] followed by the raw engine's keys.
+    const NAP_KEYS: &'static [OptionKey];
+    fn wrap_nap(opts: NapOptions<Self>) -> EngineOptions;
+    fn unwrap_nap(opts: &EngineOptions) -> Option<&NapOptions<Self>>;
+    fn unwrap_nap_mut(opts: &mut EngineOptions) -> Option<&mut NapOptions<Self>>;
+}
+
+/// Implements [`NapRawConfig`] for `$raw` whose layered options are `EngineOptions::$variant`.
+macro_rules! nap_raw_config {
+    ($raw:ty, $variant:ident) => {
+        impl NapRawConfig for $raw {
+            const NAP_KEYS: &'static [OptionKey] = &{
+                const N: usize = NAP_OWN_KEYS.len() + <$raw as EngineConfig>::KEYS.len();
+                concat_keys::<N>(NAP_OWN_KEYS, <$raw as EngineConfig>::KEYS)
+            };
+            fn wrap_nap(opts: NapOptions<Self>) -> EngineOptions {
+                EngineOptions::$variant(opts)
+            }
+            fn unwrap_nap(opts: &EngineOptions) -> Option<&NapOptions<Self>> {
+                match opts {
+                    EngineOptions::$variant(o) => Some(o),
+                    _ => None,
+                }
+            }
+            fn unwrap_nap_mut(opts: &mut EngineOptions) -> Option<&mut NapOptions<Self>> {
+                match opts {
+                    EngineOptions::$variant(o) => Some(o),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+nap_raw_config!(FastFairOptions, NapFastFair);
+nap_raw_config!(NbTreeOptions, NapNbTree);
 
 fn parse<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
     value.parse().map_err(|_| format!("{key}: {value:?} is not a valid value"))
 }
 
-impl EngineConfig for NapOptions<FastFairOptions> {
-    const KEYS: &'static [OptionKey] = NAP_KEYS;
+impl<O: NapRawConfig> EngineConfig for NapOptions<O> {
+    const KEYS: &'static [OptionKey] = O::NAP_KEYS;
 
     fn wrap(self) -> EngineOptions {
-        EngineOptions::NapFastFair(self)
+        O::wrap_nap(self)
     }
 
     fn unwrap(opts: &EngineOptions) -> Option<&Self> {
-        match opts {
-            EngineOptions::NapFastFair(o) => Some(o),
-            _ => None,
-        }
+        O::unwrap_nap(opts)
     }
 
     fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
-        match opts {
-            EngineOptions::NapFastFair(o) => Some(o),
-            _ => None,
-        }
+        O::unwrap_nap_mut(opts)
     }
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
@@ -468,7 +515,7 @@ impl EngineConfig for NapOptions<FastFairOptions> {
             "sketch_width" => self.sketch_width = parse(key, value)?,
             "detect_uniform" => self.detect_uniform = parse(key, value)?,
             "background" => self.background = parse(key, value)?,
-            "node_size" | "nsm_mode" | "recovery" => self.inner.set(key, value)?,
+            _ if O::KEYS.iter().any(|k| k.key == key) => self.inner.set(key, value)?,
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
         Ok(())
@@ -486,6 +533,10 @@ impl EngineConfig for NapOptions<FastFairOptions> {
         ];
         v.extend(self.inner.values());
         v
+    }
+
+    fn min_capacity_per_node(&self, page_size: u64) -> u64 {
+        self.inner.min_capacity_per_node(page_size)
     }
 }
 

@@ -56,6 +56,7 @@ use std::time::Duration;
 
 use numakv_fastfair::FastFair;
 use numakv_index::{CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result};
+use numakv_nbtree::NbTree;
 use numakv_pmem::Pool;
 use parking_lot::Mutex;
 
@@ -73,6 +74,10 @@ pub trait Inner: Engine {
 
 impl Inner for FastFair {
     const NAP_NAME: &'static str = "nap-fastfair";
+}
+
+impl Inner for NbTree {
+    const NAP_NAME: &'static str = "nap-nbtree";
 }
 
 /// Options of a Nap layer: the raw engine's options and the paper's tuning (§6.1 defaults).

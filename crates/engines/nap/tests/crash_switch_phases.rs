@@ -1,7 +1,8 @@
 //! ADR power failures at every fence of a switch, so that crashes land in each phase (install,
 //! flush, recycle) and right after it: values written into the old NAL from both nodes (updates,
 //! deletes, inserts), the raw index's values, and a NAL key that was never written must all come
-//! back exactly; `check()` passes and no PM leaks. Some recoveries crash again.
+//! back exactly; `check()` passes and no PM leaks. Some recoveries crash again. Run over both raw
+//! engines the issue names: FAST&FAIR and NBTree (in ADR mode, which NBTree claims too).
 
 mod common;
 
@@ -11,20 +12,16 @@ use std::sync::{Arc, Mutex, Weak};
 
 use numakv_fastfair::FastFair;
 use numakv_index::{Engine, Index};
-use numakv_nap::{phase, Nap, NapOptions, PhaseHook};
+use numakv_nap::{phase, Inner, Nap, NapOptions, PhaseHook};
+use numakv_nbtree::NbTree;
 use numakv_pmem::{numa, CrashOptions, OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-type N = Nap<FastFair>;
-
 /// Phase transitions of the current trial with whether the pool had crashed by then.
 type Log = Arc<Mutex<Vec<(u8, bool)>>>;
 
-fn options(
-    pool: &Arc<Mutex<Weak<Pool>>>,
-    log: &Log,
-) -> NapOptions<numakv_fastfair::FastFairOptions> {
+fn options<I: Inner>(pool: &Arc<Mutex<Weak<Pool>>>, log: &Log) -> NapOptions<I::Options> {
     let (pool, log) = (Arc::clone(pool), Arc::clone(log));
     let hook = move |p: u8| {
         let crashed = pool.lock().unwrap().upgrade().is_some_and(|p| p.has_crashed());
@@ -48,20 +45,16 @@ fn crash_phase(log: &[(u8, bool)], crashed: bool) -> Option<u8> {
     Some(last) // after the final transition: the switch had finished (IDLE)
 }
 
-fn recover(
-    dir: &Path,
-    opts: &NapOptions<numakv_fastfair::FastFairOptions>,
-    rng: &mut SmallRng,
-) -> N {
+fn recover<I: Inner>(dir: &Path, opts: &NapOptions<I::Options>, rng: &mut SmallRng) -> Nap<I> {
     for attempt in 0.. {
-        let mut oc = OpenConfig::new(N::engine_id());
+        let mut oc = OpenConfig::new(Nap::<I>::engine_id());
         oc.sim = SimMode::Shadow;
         let pool = Pool::open(dir, oc).unwrap();
         if attempt < 2 && rng.gen_bool(0.3) {
             pool.crash_after_fences(rng.gen_range(1..=40), CrashOptions::random(rng.gen()))
                 .unwrap();
         }
-        match N::open(Arc::clone(&pool), opts) {
+        match Nap::<I>::open(Arc::clone(&pool), opts) {
             Ok(_) | Err(_) if pool.has_crashed() => continue,
             Ok((e, _)) => {
                 pool.cancel_crash();
@@ -74,26 +67,35 @@ fn recover(
 }
 
 #[test]
-fn crash_in_every_phase_of_a_switch() {
+fn crash_in_every_phase_of_a_switch_fastfair() {
+    crash_in_every_phase_of_a_switch::<FastFair>();
+}
+
+#[test]
+fn crash_in_every_phase_of_a_switch_nbtree() {
+    crash_in_every_phase_of_a_switch::<NbTree>();
+}
+
+fn crash_in_every_phase_of_a_switch<I: Inner>() {
     let seed: u64 =
         std::env::var("NUMAKV_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42);
     let mut rng = SmallRng::seed_from_u64(seed);
     let tmp = tempfile::tempdir().unwrap();
     let slot: Arc<Mutex<Weak<Pool>>> = Arc::new(Mutex::new(Weak::new()));
     let log: Log = Arc::default();
-    let opts = options(&slot, &log);
+    let opts = options::<I>(&slot, &log);
     let mut seen = [0u32; 4];
     let mut fences = 1u64;
     for trial in 0.. {
         assert!(trial < 2_000, "the switch never finished before the crash");
         let dir = tmp.path().join(format!("t{trial}"));
-        let mut cfg = PoolConfig::new(N::engine_id(), 32 << 20);
+        let mut cfg = PoolConfig::new(Nap::<I>::engine_id(), 32 << 20);
         cfg.nodes = 2;
         cfg.mode = PersistMode::Adr;
         cfg.sim = SimMode::Shadow;
         let pool = Pool::create(&dir, cfg).unwrap();
         *slot.lock().unwrap() = Arc::downgrade(&pool);
-        let e = N::create(Arc::clone(&pool), &opts).unwrap();
+        let e = Nap::<I>::create(Arc::clone(&pool), &opts).unwrap();
         let mut model = BTreeMap::new();
         for k in 1..=120u64 {
             e.insert(k, k).unwrap();
@@ -134,7 +136,7 @@ fn crash_in_every_phase_of_a_switch() {
         }
         drop(e);
         drop(pool);
-        let e = recover(&dir, &opts, &mut rng);
+        let e = recover::<I>(&dir, &opts, &mut rng);
         for k in 1..=600u64 {
             assert_eq!(
                 e.get(k).unwrap(),
@@ -151,7 +153,7 @@ fn crash_in_every_phase_of_a_switch() {
         }
         fences += if fences < 40 { 1 } else { rng.gen_range(1..=3) };
     }
-    eprintln!("crashes per phase [idle-after, install, flush, recycle]: {seen:?}");
+    eprintln!("{}: crashes per phase [idle-after, install, flush, recycle]: {seen:?}", I::NAP_NAME);
     assert!(
         seen[phase::INSTALL as usize] > 0
             && seen[phase::FLUSH as usize] > 0

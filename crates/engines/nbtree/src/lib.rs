@@ -357,7 +357,7 @@ impl Engine for NbTree {
 
     fn create(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<NbTree> {
         layout::validate_slots(opts.leaf_slots)?;
-        if pool.header().engine.name != Self::NAME {
+        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
             return Err(Error::InvalidOptions(format!(
                 "pool belongs to engine {:?}, not {}",
                 pool.header().engine.name,

@@ -293,7 +293,14 @@ impl NbTree {
         if kids.iter().zip(&blocks).skip(1).any(|(a, b)| a.0 != b.1 && a.0 != 0) {
             return bad("a separator differs from its leaf's low key".into());
         }
-        let allocated = self.calloc.allocated_blocks().len() as u64;
+        // Leaves retired by the last SMOs (e.g. a layer's recovery writing into this tree just
+        // before) are freed after their grace period; `g` must not hold it up.
+        drop(g);
+        let allocated = numakv_pmem::alloc::settle_deferred_frees(
+            blocks.len() as u64,
+            std::time::Duration::from_secs(5),
+            || self.calloc.allocated_blocks().len() as u64,
+        );
         Ok(CheckReport {
             entries,
             reachable_blocks: blocks.len() as u64,

@@ -69,6 +69,26 @@ pub unsafe fn retire<A: PmAllocator>(alloc: &Arc<A>, guard: &epoch::Guard, p: PP
     });
 }
 
+/// For quiescent checks: lets deferred frees (blocks [`retire`]d by operations that just
+/// finished) run until `count()` returns `want` or `timeout` passes, and returns the last count.
+/// A block retired moments before a `check()` is still allocated until its grace period passes;
+/// a true leak stays above `want` after the timeout. The caller must not be pinned.
+pub fn settle_deferred_frees(
+    want: u64,
+    timeout: std::time::Duration,
+    mut count: impl FnMut() -> u64,
+) -> u64 {
+    let t0 = std::time::Instant::now();
+    let mut n = count();
+    while n != want && t0.elapsed() < timeout {
+        // Each pin + flush lets this thread advance the epoch and run expired bags.
+        epoch::pin().flush();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        n = count();
+    }
+    n
+}
+
 /// Waits for an epoch grace period: returns once every thread that was pinned (in the default
 /// collector) when this was called has unpinned, or `false` as soon as `cancel` is true.
 /// The caller must not be pinned itself (it would wait for itself).

@@ -1,14 +1,13 @@
-//! Options shared by the integration tests.
+//! Options shared by the integration tests, for Nap over any raw engine.
 #![allow(dead_code)] // each test binary uses a part
 
 use std::time::Duration;
 
-use numakv_fastfair::FastFairOptions;
 use numakv_nap::NapOptions;
 
 /// A Nap that switches all the time: 64 hot keys, every operation sampled, a 2 ms check, no
 /// uniform detection (the kit's keys are uniform), no noise filter.
-pub fn churning_options() -> NapOptions<FastFairOptions> {
+pub fn churning_options<O: Default>() -> NapOptions<O> {
     NapOptions {
         hot: 64,
         sample: 1,
@@ -22,6 +21,6 @@ pub fn churning_options() -> NapOptions<FastFairOptions> {
 }
 
 /// A Nap whose switches happen only through `switch_to`.
-pub fn manual_options() -> NapOptions<FastFairOptions> {
+pub fn manual_options<O: Default>() -> NapOptions<O> {
     NapOptions { background: false, sketch_width: 1024, record_buffer: 64, ..NapOptions::default() }
 }
