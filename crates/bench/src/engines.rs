@@ -181,11 +181,20 @@ pub fn available() -> Vec<Arc<dyn Target>> {
     out
 }
 
+/// Engines left out of `default` (in `all` and by name): Nap over the engines its paper does
+/// not evaluate it on (the issue names `nap-fastfair` and `nap-nbtree`); they would double the
+/// default run for layers nobody compares against.
+const NOT_IN_DEFAULT: &[EngineKind] =
+    &[EngineKind::NapNobtree, EngineKind::NapNStore, EngineKind::NapF3Tree];
+
 /// What the word `default` selects in `--engines`: every engine with its paper defaults, then
 /// the DRAM peers — the comparison `numakv bench` runs without arguments (the variants, which
 /// each change one mechanism, are for targeted runs and `all`).
 pub fn default_names() -> Vec<String> {
-    let engines = EngineKind::all().iter().map(|k| k.name().to_owned());
+    let engines = EngineKind::all()
+        .iter()
+        .filter(|k| !NOT_IN_DEFAULT.contains(k))
+        .map(|k| k.name().to_owned());
     engines.chain(crate::peers::all().iter().map(|p| p.name())).collect()
 }
 
@@ -331,8 +340,12 @@ mod tests {
         let picked = select(&["default".into()]).unwrap();
         let names: Vec<String> = picked.iter().map(|t| t.name()).collect();
         assert_eq!(names, default_names());
-        assert_eq!(names.len(), EngineKind::all().len() + crate::peers::all().len());
+        assert_eq!(
+            names.len(),
+            EngineKind::all().len() - NOT_IN_DEFAULT.len() + crate::peers::all().len()
+        );
         assert!(VARIANTS.iter().all(|v| !names.iter().any(|n| n == v.name)));
+        assert!(NOT_IN_DEFAULT.iter().all(|k| !names.iter().any(|n| n == k.name())));
         let mixed = select(&["fastfair-interleave,default".into()]).unwrap();
         assert_eq!(mixed.len(), names.len() + 1);
         assert_eq!(select(&["all".into()]).unwrap().len(), available().len());

@@ -66,6 +66,12 @@ pub enum EngineKind {
     /// Nap over NBTree: the same layer as [`EngineKind::NapFastFair`] over a different raw
     /// engine (Nap is a black box over any index).
     NapNbTree,
+    /// Nap over NOBtree.
+    NapNobtree,
+    /// Nap over NStore.
+    NapNStore,
+    /// Nap over F3-tree.
+    NapF3Tree,
 }
 
 impl EngineKind {
@@ -78,6 +84,9 @@ impl EngineKind {
         EngineKind::NbTree,
         EngineKind::F3Tree,
         EngineKind::NapNbTree,
+        EngineKind::NapNobtree,
+        EngineKind::NapNStore,
+        EngineKind::NapF3Tree,
     ];
 
     /// Every engine this build knows (same as [`EngineKind::ALL`]).
@@ -96,6 +105,9 @@ impl EngineKind {
             EngineKind::NbTree => f.run::<NbTree>(),
             EngineKind::F3Tree => f.run::<F3Tree>(),
             EngineKind::NapNbTree => f.run::<Nap<NbTree>>(),
+            EngineKind::NapNobtree => f.run::<Nap<Nobtree>>(),
+            EngineKind::NapNStore => f.run::<Nap<NStore>>(),
+            EngineKind::NapF3Tree => f.run::<Nap<F3Tree>>(),
         }
     }
 
@@ -224,6 +236,12 @@ pub enum EngineOptions {
     F3Tree(F3TreeOptions),
     /// Options of [`EngineKind::NapNbTree`].
     NapNbTree(NapOptions<NbTreeOptions>),
+    /// Options of [`EngineKind::NapNobtree`].
+    NapNobtree(NapOptions<NobtreeOptions>),
+    /// Options of [`EngineKind::NapNStore`].
+    NapNStore(NapOptions<NStoreOptions>),
+    /// Options of [`EngineKind::NapF3Tree`].
+    NapF3Tree(NapOptions<F3TreeOptions>),
 }
 
 impl EngineOptions {
@@ -237,6 +255,9 @@ impl EngineOptions {
             EngineOptions::NbTree(_) => EngineKind::NbTree,
             EngineOptions::F3Tree(_) => EngineKind::F3Tree,
             EngineOptions::NapNbTree(_) => EngineKind::NapNbTree,
+            EngineOptions::NapNobtree(_) => EngineKind::NapNobtree,
+            EngineOptions::NapNStore(_) => EngineKind::NapNStore,
+            EngineOptions::NapF3Tree(_) => EngineKind::NapF3Tree,
         }
     }
 
@@ -474,6 +495,9 @@ macro_rules! nap_raw_config {
 
 nap_raw_config!(FastFairOptions, NapFastFair);
 nap_raw_config!(NbTreeOptions, NapNbTree);
+nap_raw_config!(NobtreeOptions, NapNobtree);
+nap_raw_config!(NStoreOptions, NapNStore);
+nap_raw_config!(F3TreeOptions, NapF3Tree);
 
 fn parse<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
     value.parse().map_err(|_| format!("{key}: {value:?} is not a valid value"))

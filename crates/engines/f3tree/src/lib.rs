@@ -582,7 +582,7 @@ impl Engine for F3Tree {
 
     fn create(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<F3Tree> {
         opts.validate()?;
-        if pool.header().engine.name != Self::NAME {
+        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
             return Err(Error::InvalidOptions(format!(
                 "pool belongs to engine {:?}, not {}",
                 pool.header().engine.name,

@@ -54,9 +54,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use numakv_f3tree::F3Tree;
 use numakv_fastfair::FastFair;
 use numakv_index::{CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result};
 use numakv_nbtree::NbTree;
+use numakv_nobtree::Nobtree;
+use numakv_nstore::NStore;
 use numakv_pmem::Pool;
 use parking_lot::Mutex;
 
@@ -78,6 +81,18 @@ impl Inner for FastFair {
 
 impl Inner for NbTree {
     const NAP_NAME: &'static str = "nap-nbtree";
+}
+
+impl Inner for Nobtree {
+    const NAP_NAME: &'static str = "nap-nobtree";
+}
+
+impl Inner for NStore {
+    const NAP_NAME: &'static str = "nap-nstore";
+}
+
+impl Inner for F3Tree {
+    const NAP_NAME: &'static str = "nap-f3tree";
 }
 
 /// Options of a Nap layer: the raw engine's options and the paper's tuning (§6.1 defaults).

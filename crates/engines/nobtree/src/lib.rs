@@ -471,7 +471,7 @@ impl Engine for Nobtree {
 
     fn create(pool: Arc<Pool>, opts: &NobtreeOptions) -> Result<Nobtree> {
         Tree::validate_opts(opts)?;
-        if pool.header().engine.name != Self::NAME {
+        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
             return Err(Error::InvalidOptions(format!(
                 "pool belongs to engine {:?}, not {}",
                 pool.header().engine.name,

@@ -492,7 +492,7 @@ impl Engine for NStore {
     fn create(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<NStore> {
         opts.validate()?;
         let file_pages = opts.file_pages(&pool)?;
-        if pool.header().engine.name != Self::NAME {
+        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
             return Err(Error::InvalidOptions(format!(
                 "pool belongs to engine {:?}, not {}",
                 pool.header().engine.name,
