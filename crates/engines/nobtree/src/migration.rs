@@ -305,12 +305,7 @@ impl Migrator {
         if hot {
             let mut q = self.queue.lock();
             if q.len() < self.opts.queue_capacity {
-                q.push_back(Candidate {
-                    node: ptr,
-                    id,
-                    parent,
-                    target: here,
-                });
+                q.push_back(Candidate { node: ptr, id, parent, target: here });
                 self.counters.queued.fetch_add(1, Ordering::Relaxed);
                 self.wake.notify_one();
             }
@@ -508,9 +503,8 @@ impl Tree {
             let temp = self.upper_lock.lock();
             // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
             let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
-            let in_upper = up.is_some_and(|u| {
-                u.entries(&self.pool, 0).binary_search(&(low, node)).is_ok()
-            });
+            let in_upper =
+                up.is_some_and(|u| u.entries(&self.pool, 0).binary_search(&(low, node)).is_ok());
             let in_temp = temp.iter().any(|&(k, p)| k == low && p == node);
             if !in_upper && !in_temp {
                 return Ok(false); // its upper insert has not run yet

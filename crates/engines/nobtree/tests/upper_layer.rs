@@ -104,7 +104,8 @@ fn background_rebuild_keeps_readers_right() {
     // Inserting threads only request rebuilds; the rebuild thread swaps replicas while other
     // threads keep reading keys inserted before: every read must find its key throughout.
     use std::sync::atomic::{AtomicBool, Ordering};
-    let opts = NobtreeOptions { height: 1, rebuild_threshold: 0.02, rebuild_min_ops: 100, ..quiet() };
+    let opts =
+        NobtreeOptions { height: 1, rebuild_threshold: 0.02, rebuild_min_ops: 100, ..quiet() };
     let t = volatile(&opts);
     let base: Vec<u64> = (1..=3000u64).map(|k| k * 1_000_003).collect();
     for &k in &base {
