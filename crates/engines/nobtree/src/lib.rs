@@ -2,19 +2,20 @@
 //! 2024).
 //!
 //! - **Bottom layer** — write-optimized persistent B+-tree subindexes of 256-byte nodes with
-//!   unsorted records ordered by an atomically updated slotArray, log-free splits through two
-//!   shadow sibling pointers and a `sib_ver` flip, version-validated readers, and roots linked
+//!   unsorted records ordered by an atomically updated slotArray, log-free splits and merges
+//!   (leaves and inner nodes) through two shadow sibling pointers and a `sib_ver` flip,
+//!   version-validated readers, and roots linked
 //!   into one list; a subindex grows up to the height threshold, then its root splits into a new
 //!   subindex — [`layout`], [`lock`](crate::lock), `bottom.rs`, `smo.rs`. Nodes are placed
 //!   round-robin over the NUMA nodes by NSM.
 //! - **Upper layer** — a static array-based k-ary tree over the subindex roots, replicated in
 //!   every NUMA node's pool; each thread searches its own node's replica; split roots are
 //!   inserted synchronously into every replica, failures go to a temporary list, and the layer is
-//!   rebuilt when the average walk along the root list exceeds a threshold — `upper.rs`,
-//!   `smo.rs`.
+//!   rebuilt by a dedicated background thread when the average walk along the root list
+//!   exceeds a threshold — `upper.rs`, `smo.rs`, `rebuild.rs`.
 //! - **Migration coordinator** — sampled access statistics per node id, a queue of hot,
-//!   mostly-remote leaves, a background thread that copies them to the accessing node under a
-//!   small PM log — `migration.rs`.
+//!   mostly-remote nodes (leaves, inner nodes, subindex roots), a background thread that copies
+//!   them to the accessing node under a small PM log — `migration.rs`.
 //! - **Recovery** — the bottom layer and the migration log from PM, NSM's garbage collection
 //!   from the reachable set, replicas rebuilt — `recovery.rs`; `check()` — `check.rs`.
 //!
