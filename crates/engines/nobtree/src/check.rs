@@ -121,7 +121,10 @@ impl Tree {
         }
         // Upper layer.
         let guard = epoch::pin();
-        let temp: Vec<(u64, PPtr)> = self.upper_lock.lock().clone();
+        // Held to the end: the rebuild thread (a writer of the upper layer) can neither swap
+        // replicas nor drain the temporary list while they are checked and counted.
+        let temp_guard = self.upper_lock.lock();
+        let temp: &[(u64, PPtr)] = &temp_guard;
         // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
         let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() }
             .ok_or_else(|| bad("upper: no upper layer"))?;
