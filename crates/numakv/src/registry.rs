@@ -589,7 +589,15 @@ impl EngineConfig for NobtreeOptions {
         },
         OptionKey {
             key: "migration_hot_threshold",
-            help: "sampled accesses within a window that make a leaf hot",
+            help: "sampled accesses within a window that make a node hot",
+        },
+        OptionKey {
+            key: "migration_inner",
+            help: "also migrate inner nodes and subindex roots, not only leaves: on | off",
+        },
+        OptionKey {
+            key: "background_rebuild",
+            help: "rebuild the upper layer on a dedicated thread (the paper's): on | off",
         },
     ];
 
@@ -631,6 +639,18 @@ impl EngineConfig for NobtreeOptions {
             }
             "migration_sample_every" => self.migration.sample_every = num(key, value)?,
             "migration_hot_threshold" => self.migration.hot_threshold = num(key, value)?,
+            "migration_inner" | "background_rebuild" => {
+                let on = match value {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("{key}: {value:?} is not on | off")),
+                };
+                if key == "migration_inner" {
+                    self.migration.inner = on;
+                } else {
+                    self.background_rebuild = on;
+                }
+            }
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
         Ok(())
@@ -645,6 +665,8 @@ impl EngineConfig for NobtreeOptions {
             ("migration", if self.migration.enabled { "on" } else { "off" }.to_string()),
             ("migration_sample_every", self.migration.sample_every.to_string()),
             ("migration_hot_threshold", self.migration.hot_threshold.to_string()),
+            ("migration_inner", if self.migration.inner { "on" } else { "off" }.to_string()),
+            ("background_rebuild", if self.background_rebuild { "on" } else { "off" }.to_string()),
         ]
     }
 }

@@ -39,6 +39,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
     let secs = t0.elapsed().as_secs_f64();
+    // A rebuild requested by the last inserts may still run on the rebuild thread.
+    t.drain_rebuilds();
     let st = t.stats();
     let c = |n: &str| st.counter(n).unwrap_or(0);
     let entries = t.check()?.entries;

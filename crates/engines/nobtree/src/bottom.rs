@@ -185,7 +185,7 @@ impl Tree {
                 let found = find(&n, w, key).map(|p| n.val(p));
                 if snap.validate(&n) {
                     if let Some(m) = &self.migrator {
-                        m.sample(&n, cur, &path);
+                        m.sample(&self.pool, &n, cur, &path);
                     }
                     return Ok(found);
                 }
@@ -253,7 +253,7 @@ impl Tree {
             }
         };
         if let Some(m) = &self.migrator {
-            m.sample(&n, n.ptr, &path);
+            m.sample(&self.pool, &n, n.ptr, &path);
         }
         drop(g);
         if kind != WriteKind::Update {

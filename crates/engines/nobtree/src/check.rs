@@ -12,6 +12,11 @@
 //!   leftmost child's to the parent's `low`); the first node of a level is the first child of
 //!   the level above. A chain node no parent references (an orphan: a split whose parent
 //!   insert ran out of space) is allowed — readers reach it through its left sibling;
+//!   Merged nodes (leaf or inner: `R`'s records, for an inner node led by `(R.low,
+//!   R.leftmost)`, moved into `N`) are held to the same rules, so a merge that lost or
+//!   duplicated a child fails here;
+//! - `node ids`: reachable nodes have distinct ids (the migration statistics are keyed by id; a
+//!   split, a merge target and a migrated copy each carry their own);
 //! - `upper ...`: every replica holds the same sorted entries, routes each entry's key to it,
 //!   and every entry is a node of the head's level whose `low` is the entry key; the entries and
 //!   the temporary list together name every node of that level;
@@ -44,6 +49,7 @@ impl Tree {
         let levels = walk(&self.pool, head, self.height)?;
         let mut entries = 0u64;
         let mut blocks: Vec<PPtr> = Vec::new();
+        let mut ids = HashSet::new();
         for (li, chain) in levels.iter().enumerate() {
             let below = levels.get(li + 1);
             let index: HashMap<PPtr, usize> = below
@@ -53,6 +59,9 @@ impl Tree {
             for (ci, &p) in chain.iter().enumerate() {
                 blocks.push(p);
                 let n = Node::resolve(&self.pool, p)?;
+                if !ids.insert(n.hdr.id.load(Ordering::Relaxed)) {
+                    return Err(bad(format!("node ids: node {p} repeats an id")));
+                }
                 let s = n.state();
                 if st_locked(s) || n.is_obsolete() {
                     return Err(bad(format!("unlocked: node {p} is locked or obsolete")));
@@ -112,7 +121,10 @@ impl Tree {
         }
         // Upper layer.
         let guard = epoch::pin();
-        let temp: Vec<(u64, PPtr)> = self.upper_lock.lock().clone();
+        // Held to the end: the rebuild thread (a writer of the upper layer) can neither swap
+        // replicas nor drain the temporary list while they are checked and counted.
+        let temp_guard = self.upper_lock.lock();
+        let temp: &[(u64, PPtr)] = &temp_guard;
         // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
         let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() }
             .ok_or_else(|| bad("upper: no upper layer"))?;

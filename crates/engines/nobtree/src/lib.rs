@@ -2,19 +2,20 @@
 //! 2024).
 //!
 //! - **Bottom layer** — write-optimized persistent B+-tree subindexes of 256-byte nodes with
-//!   unsorted records ordered by an atomically updated slotArray, log-free splits through two
-//!   shadow sibling pointers and a `sib_ver` flip, version-validated readers, and roots linked
+//!   unsorted records ordered by an atomically updated slotArray, log-free splits and merges
+//!   (leaves and inner nodes) through two shadow sibling pointers and a `sib_ver` flip,
+//!   version-validated readers, and roots linked
 //!   into one list; a subindex grows up to the height threshold, then its root splits into a new
 //!   subindex — [`layout`], [`lock`](crate::lock), `bottom.rs`, `smo.rs`. Nodes are placed
 //!   round-robin over the NUMA nodes by NSM.
 //! - **Upper layer** — a static array-based k-ary tree over the subindex roots, replicated in
 //!   every NUMA node's pool; each thread searches its own node's replica; split roots are
 //!   inserted synchronously into every replica, failures go to a temporary list, and the layer is
-//!   rebuilt when the average walk along the root list exceeds a threshold — `upper.rs`,
-//!   `smo.rs`.
+//!   rebuilt by a dedicated background thread when the average walk along the root list
+//!   exceeds a threshold — `upper.rs`, `smo.rs`, `rebuild.rs`.
 //! - **Migration coordinator** — sampled access statistics per node id, a queue of hot,
-//!   mostly-remote leaves, a background thread that copies them to the accessing node under a
-//!   small PM log — `migration.rs`.
+//!   mostly-remote nodes (leaves, inner nodes, subindex roots), a background thread that copies
+//!   them to the accessing node under a small PM log — `migration.rs`.
 //! - **Recovery** — the bottom layer and the migration log from PM, NSM's garbage collection
 //!   from the reachable set, replicas rebuilt — `recovery.rs`; `check()` — `check.rs`.
 //!
@@ -45,6 +46,7 @@ mod check;
 pub mod layout;
 mod lock;
 mod migration;
+mod rebuild;
 mod recovery;
 mod scan;
 mod smo;
@@ -66,6 +68,7 @@ use parking_lot::Mutex;
 use crate::layout::{Node, END, ENGINE};
 pub use crate::migration::MigrationOptions;
 use crate::migration::Migrator;
+use crate::rebuild::Rebuilder;
 use crate::upper::Upper;
 
 /// Options of a NOBtree.
@@ -82,6 +85,10 @@ pub struct NobtreeOptions {
     pub rebuild_threshold: f64,
     /// Inserts since the last rebuild before the average is trusted.
     pub rebuild_min_ops: u64,
+    /// Rebuild the upper layer on a dedicated background thread (the paper's, §IV-B: "it is
+    /// executed in the background"; default). `false`: the inserting thread that crosses the
+    /// threshold rebuilds inline.
+    pub background_rebuild: bool,
     /// The migration coordinator (§III-D); `enabled: false` turns it off.
     pub migration: MigrationOptions,
 }
@@ -93,6 +100,7 @@ impl Default for NobtreeOptions {
             nsm_mode: NsmMode::RoundRobin,
             rebuild_threshold: 0.5,
             rebuild_min_ops: 1000,
+            background_rebuild: true,
             migration: MigrationOptions::default(),
         }
     }
@@ -103,6 +111,7 @@ impl Default for NobtreeOptions {
 pub(crate) struct Counters {
     pub splits: AtomicU64,
     pub merges: AtomicU64,
+    pub inner_merges: AtomicU64,
     pub subindex_splits: AtomicU64,
     pub grows: AtomicU64,
     pub upper_insert_failed: AtomicU64,
@@ -168,6 +177,8 @@ pub(crate) struct Tree {
     pub(crate) walk: WalkStats,
     pub(crate) counters: Counters,
     pub(crate) migrator: Option<Migrator>,
+    /// The background rebuild thread (None with `background_rebuild: false`).
+    pub(crate) rebuilder: Option<Rebuilder>,
 }
 
 /// What a leaf write does.
@@ -200,6 +211,7 @@ impl Tree {
             walk: WalkStats::new(),
             counters: Counters::default(),
             migrator: None,
+            rebuilder: None,
         }
     }
 
@@ -258,23 +270,35 @@ impl Tree {
         Ok(())
     }
 
-    /// Starts the coordinator thread if the options ask for it.
-    fn start_migrator(mut self) -> Result<Arc<Tree>> {
+    /// Starts the coordinator and the rebuild thread if the options ask for them.
+    fn start_threads(mut self) -> Result<Arc<Tree>> {
         let mig = self.opts.migration.clone();
         self.migrator = mig.enabled.then(|| Migrator::new(mig, self.pool.nodes()));
+        self.rebuilder = self.opts.background_rebuild.then(Rebuilder::default);
         let tree = Arc::new(self);
         if let Some(m) = &tree.migrator {
             m.start(&tree)?;
         }
+        if let Some(r) = &tree.rebuilder {
+            r.start(&tree)?;
+        }
         Ok(tree)
+    }
+
+    /// Stops the background threads (idempotent).
+    fn stop_threads(&self) {
+        if let Some(m) = &self.migrator {
+            m.stop();
+        }
+        if let Some(r) = &self.rebuilder {
+            r.stop();
+        }
     }
 }
 
 impl Drop for Tree {
     fn drop(&mut self) {
-        if let Some(m) = &self.migrator {
-            m.stop();
-        }
+        self.stop_threads();
         // SAFETY: `&mut self`: no reader holds the descriptor any more; it was allocated by
         // `Atomic::new`/`Owned` and is dropped exactly once here. Its PM blocks stay (freed by
         // the next open's garbage collection).
@@ -309,6 +333,14 @@ impl Nobtree {
         self.0.rebuild_locked(&mut temp)
     }
 
+    /// Waits until no background rebuild of the upper layer is requested or running (tests,
+    /// tools); returns at once without the rebuild thread.
+    pub fn drain_rebuilds(&self) {
+        if let Some(r) = &self.0.rebuilder {
+            r.drain();
+        }
+    }
+
     /// Waits until the migration queue is empty and the coordinator idle (tests, benchmarks);
     /// returns at once without a coordinator.
     pub fn drain_migrations(&self) {
@@ -325,6 +357,22 @@ impl Nobtree {
         self.0.migrate_key(key, target)
     }
 
+    /// Migrates the node of `level` covering `key` (a leaf at 0, an inner node of a subindex,
+    /// or at the height threshold − 1 a subindex root) to NUMA node `target` now, the way the
+    /// coordinator does; `Ok(false)` when it is not migratable or changed meanwhile.
+    pub fn migrate_node_of(&self, key: u64, level: u32, target: usize) -> Result<bool> {
+        check_key(key)?;
+        self.0.migrate_level_key(key, level, target)
+    }
+
+    /// The PM node holding the node of `level` covering `key` (tests, reproductions).
+    pub fn node_of(&self, key: u64, level: u32) -> Result<usize> {
+        check_key(key)?;
+        let guard = epoch::pin();
+        let mut path = Vec::new();
+        Ok(self.0.descend(key, level, &mut path, &guard)?.0.node())
+    }
+
     /// The PM node holding the leaf of `key` (tests, reproductions).
     pub fn leaf_node_of(&self, key: u64) -> Result<usize> {
         check_key(key)?;
@@ -337,10 +385,8 @@ impl Nobtree {
 impl Drop for Nobtree {
     fn drop(&mut self) {
         // The coordinator holds only a weak reference, but it must not outlive the handle
-        // (a dropped handle is a crash: the next open recovers).
-        if let Some(m) = &self.0.migrator {
-            m.stop();
-        }
+        // (a dropped handle is a crash: the next open recovers); nor must the rebuild thread.
+        self.0.stop_threads();
     }
 }
 
@@ -401,10 +447,15 @@ impl Index for Tree {
         let mut counters = vec![
             ("splits", get(&c.splits)),
             ("merges", get(&c.merges)),
+            ("inner_merges", get(&c.inner_merges)),
             ("subindex_splits", get(&c.subindex_splits)),
             ("root_grows", get(&c.grows)),
             ("upper_insert_failed", get(&c.upper_insert_failed)),
             ("upper_rebuilds", get(&c.rebuilds)),
+            (
+                "upper_rebuild_requests",
+                self.rebuilder.as_ref().map_or(0, |r| r.taken.load(Ordering::Relaxed)),
+            ),
             ("upper_temp_list", temp),
             ("upper_bytes_per_replica", up_nodes * layout::UP_NODE_SIZE as u64),
             ("retries", get(&c.retries)),
@@ -495,19 +546,17 @@ impl Engine for Nobtree {
         pool.flush_obj(slot);
         pool.persist_obj(meta);
         let tree = Tree::new_handle(pool, nsm, opts.height, opts, upper, 2);
-        Ok(Nobtree(tree.start_migrator()?))
+        Ok(Nobtree(tree.start_threads()?))
     }
 
     fn open(pool: Arc<Pool>, opts: &NobtreeOptions) -> Result<(Nobtree, RecoveryReport)> {
         Tree::validate_opts(opts)?;
         let (tree, report) = recovery::open(pool, opts)?;
-        Ok((Nobtree(tree.start_migrator()?), report))
+        Ok((Nobtree(tree.start_threads()?), report))
     }
 
     fn close(self) -> Result<()> {
-        if let Some(m) = &self.0.migrator {
-            m.stop();
-        }
+        self.0.stop_threads();
         self.0.pool.close()?;
         Ok(())
     }

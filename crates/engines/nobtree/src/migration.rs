@@ -24,9 +24,20 @@
 //! Before the log is armed nothing references `O'` (garbage collection frees it); after it is
 //! disarmed both references name `O'` (`O` is unreachable and collected).
 //!
-//! Not migrated: nodes of level > 0 (the paper monitors leaves), the first node of a level (no
-//! previous sibling; the upper layer may point at an old head), and leaves that are subindex
-//! roots (height threshold 1: the upper replicas point at them).
+//! **Which nodes.** The paper monitors leaves and migrates "nodes within a subindex". With
+//! `MigrationOptions::inner` (default on) a sampled operation also records every inner node of
+//! its descent (levels 1 .. T-1), so hot inner nodes of a subindex migrate too, by the same
+//! protocol: their parent is the node one level up that references them (leftmost or record),
+//! the previous sibling the node of the same level covering `low − 1`. A *subindex root* (level
+//! T-1) has no parent in PM: the upper layer is its parent. Its entry is rewritten in every
+//! replica and in the temporary list under the upper-layer mutex, after the copy is durable
+//! and before the original is marked obsolete; the log then holds no parent (`parent` = 0): the
+//! replicas are DRAM-managed caches rebuilt from the root list at every open, so the redo only
+//! has to fix the previous sibling. A root that neither the replicas nor the temporary list
+//! name yet (its split has committed, its upper insert not yet run) is not migrated (abort).
+//! Not migrated: the first node of a level (no previous sibling; the head slot and an old key-0
+//! upper entry may name it), and a node whose level has no parent level yet (the young first
+//! subindex below the height threshold, whose growth reads that level's chain).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +74,9 @@ pub struct MigrationOptions {
     pub remote_share: f64,
     /// Most queued migrations; further candidates are dropped until the queue drains.
     pub queue_capacity: usize,
+    /// Also monitor and migrate inner nodes of the subindexes, roots included (see the module
+    /// docs); `false`: leaves only.
+    pub inner: bool,
 }
 
 impl Default for MigrationOptions {
@@ -74,6 +88,7 @@ impl Default for MigrationOptions {
             hot_threshold: 8,
             remote_share: 0.5,
             queue_capacity: 1024,
+            inner: true,
         }
     }
 }
@@ -230,7 +245,7 @@ impl Migrator {
 
     /// Records an access to leaf `n` at `ptr` (every `sample_every`-th call of this thread).
     #[inline]
-    pub(crate) fn sample(&self, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+    pub(crate) fn sample(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
         let tick = TICK.with(|t| {
             let v = t.get().wrapping_add(1);
             t.set(v);
@@ -239,17 +254,35 @@ impl Migrator {
         if tick % self.opts.sample_every != 0 || self.nodes < 2 {
             return;
         }
-        self.record(n, ptr, path);
+        self.record(pool, n, ptr, path);
     }
 
     #[cold]
-    fn record(&self, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+    fn record(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
         self.counters.sampled.fetch_add(1, Ordering::Relaxed);
         if self.samples.fetch_add(1, Ordering::Relaxed) % self.opts.window == self.opts.window - 1 {
             for s in self.stats.iter() {
                 s.lock().clear();
             }
         }
+        self.record_one(n, ptr, path.get(1).copied().unwrap_or(PPtr::NULL));
+        if self.opts.inner {
+            // The inner nodes of this descent (`path[l]` = the node visited at level l; the
+            // caller is pinned, so they are readable even if retired meanwhile).
+            for l in 1..path.len() {
+                let p = path[l];
+                if p.is_null() {
+                    continue;
+                }
+                if let Ok(inner) = Node::resolve(pool, p) {
+                    let parent = path.get(l + 1).copied().unwrap_or(PPtr::NULL);
+                    self.record_one(&inner, p, parent);
+                }
+            }
+        }
+    }
+
+    fn record_one(&self, n: &Node<'_>, ptr: PPtr, parent: PPtr) {
         let id = n.hdr.id.load(Ordering::Relaxed);
         let here = numakv_pmem::numa::current_node() % self.nodes;
         let remote = ptr.node() != here;
@@ -272,12 +305,7 @@ impl Migrator {
         if hot {
             let mut q = self.queue.lock();
             if q.len() < self.opts.queue_capacity {
-                q.push_back(Candidate {
-                    node: ptr,
-                    id,
-                    parent: path.get(1).copied().unwrap_or(PPtr::NULL),
-                    target: here,
-                });
+                q.push_back(Candidate { node: ptr, id, parent, target: here });
                 self.counters.queued.fetch_add(1, Ordering::Relaxed);
                 self.wake.notify_one();
             }
@@ -403,9 +431,10 @@ impl Tree {
         Ok(self.pool.get(p)?)
     }
 
-    /// Migrates leaf `node` (id `id`) to NUMA node `target` (§III-D); `Ok(false)` when it
-    /// aborted (the node changed, split, moved or is not migratable). Called by the coordinator
-    /// thread (one migration at a time) and by tests.
+    /// Migrates node `node` (id `id`; a leaf or, see the module docs, an inner node or a
+    /// subindex root) to NUMA node `target` (§III-D); `Ok(false)` when it aborted (the node
+    /// changed, split, moved or is not migratable). Called by the coordinator thread (one
+    /// migration at a time) and by tests.
     pub(crate) fn migrate(
         &self,
         node: PPtr,
@@ -413,52 +442,83 @@ impl Tree {
         _parent_hint: PPtr,
         target: usize,
     ) -> Result<bool> {
-        if self.top() == 0 || target >= self.pool.nodes() {
+        if target >= self.pool.nodes() {
             return Ok(false);
         }
         let guard = epoch::pin();
         let o = self.node(node)?;
         let low = o.low();
-        if o.level() != 0 || low == 0 || o.is_obsolete() {
+        let level = o.level();
+        if level > self.top() || low == 0 || o.is_obsolete() {
             return Ok(false);
         }
-        // Previous sibling: the leaf covering low - 1.
+        let is_root = level == self.top();
+        // Previous sibling: the node of this level covering low - 1.
         let mut path = Vec::new();
-        let (lp, _) = self.descend(low - 1, 0, &mut path, &guard)?;
+        let (lp, _) = self.descend(low - 1, level, &mut path, &guard)?;
         let lg = WriteGuard::lock(self.node(lp)?);
-        if lg.node().is_obsolete() || lg.node().sibling(lg.state()) != node {
+        if lg.node().is_obsolete()
+            || lg.node().level() != level
+            || lg.node().sibling(lg.state()) != node
+        {
             return Ok(false);
         }
         let og = WriteGuard::lock(o);
         if o.is_obsolete() || o.hdr.id.load(Ordering::Relaxed) != id || o.low() != low {
             return Ok(false);
         }
-        // Parent: the level-1 node covering `low`, which must reference `node`.
-        let (mut pp, _) = self.descend(low, 1, &mut path, &guard)?;
-        let pg = loop {
-            let g = WriteGuard::lock(self.node(pp)?);
-            match self.must_leave(&g.node(), g.state(), low)? {
-                Some(Step::Right(s)) => pp = s,
-                Some(Step::Restart) => return Ok(false),
-                None => break g,
+        // Parent: the node one level up covering `low`, which must reference `node` (for a
+        // subindex root: the upper layer, checked under its mutex below).
+        let mut parent = None;
+        if !is_root {
+            let (mut pp, _) = self.descend(low, level + 1, &mut path, &guard)?;
+            let pg = loop {
+                let g = WriteGuard::lock(self.node(pp)?);
+                match self.must_leave(&g.node(), g.state(), low)? {
+                    Some(Step::Right(s)) => pp = s,
+                    Some(Step::Restart) => return Ok(false),
+                    None => break g,
+                }
+            };
+            let p = pg.node();
+            if p.level() != level + 1 {
+                return Ok(false); // no parent level yet: the young first subindex
             }
-        };
-        let p = pg.node();
-        let pw = p.slots();
-        let slot = if p.leftmost() == node {
-            None
-        } else {
-            match find(&p, pw, low) {
-                Some(q) if p.val(q) == node.raw() => Some(q),
-                _ => return Ok(false), // an orphan, or the parent changed: abort
+            let pw = p.slots();
+            let slot = if p.leftmost() == node {
+                None
+            } else {
+                match find(&p, pw, low) {
+                    Some(q) if p.val(q) == node.raw() => Some(q),
+                    _ => return Ok(false), // an orphan, or the parent changed: abort
+                }
+            };
+            parent = Some((pp, pg, slot));
+        }
+        // For a root: the upper layer must name it (replicas or temporary list). The mutex is
+        // held until the reference is switched (no rebuild or upper insert in between); it is
+        // taken after the node locks, and no holder of it ever waits for a node lock.
+        let mut upper_guard = None;
+        if is_root {
+            let temp = self.upper_lock.lock();
+            // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
+            let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
+            let in_upper =
+                up.is_some_and(|u| u.entries(&self.pool, 0).binary_search(&(low, node)).is_ok());
+            let in_temp = temp.iter().any(|&(k, p)| k == low && p == node);
+            if !in_upper && !in_temp {
+                return Ok(false); // its upper insert has not run yet
             }
-        };
+            upper_guard = Some(temp);
+        }
         // Copy to the target node.
         let s = og.state();
         let recs = o.records(o.slots());
         let sib = o.sibling(s);
         let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
-        if let Err(e) = init_node(&self.pool, np, 0, PPtr::NULL, low, sib, self.new_id(), &recs) {
+        if let Err(e) =
+            init_node(&self.pool, np, level, o.leftmost(), low, sib, self.new_id(), &recs)
+        {
             // SAFETY: allocated just above, never linked.
             let _ = unsafe { self.nsm.free(np) };
             return Err(e);
@@ -467,7 +527,7 @@ impl Tree {
         let log = self.miglog()?;
         log.old.store(node.raw(), Ordering::Relaxed);
         log.new.store(np.raw(), Ordering::Relaxed);
-        log.parent.store(pp.raw(), Ordering::Relaxed);
+        log.parent.store(parent.as_ref().map_or(0, |p| p.0.raw()), Ordering::Relaxed);
         log.prev.store(lp.raw(), Ordering::Relaxed);
         // PERSIST: the log's contents are durable before it is armed.
         self.pool.persist_obj(log);
@@ -475,18 +535,31 @@ impl Tree {
         // PERSIST: armed — from here recovery redoes the migration.
         self.pool.persist_obj(&log.state);
         // Parent reference.
-        match slot {
-            None => {
+        match &parent {
+            Some((_, pg, None)) => {
+                let p = pg.node();
                 p.hdr.leftmost.store(np.raw(), Ordering::Release);
                 // PERSIST: the parent's leftmost names the copy.
                 self.pool.persist(p.hdr_addr(), 64);
             }
-            Some(q) => {
-                p.recs[q].val.store(np.raw(), Ordering::Release);
+            Some((_, pg, Some(q))) => {
+                let p = pg.node();
+                p.recs[*q].val.store(np.raw(), Ordering::Release);
                 // PERSIST: the parent's child pointer names the copy.
-                self.pool.persist(p.rec_addr(q), 16);
+                self.pool.persist(p.rec_addr(*q), 16);
+            }
+            None => {
+                let temp = upper_guard.as_mut().expect("root migration holds the upper mutex");
+                // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
+                if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() } {
+                    up.replace(&self.pool, low, node, np);
+                }
+                for e in temp.iter_mut().filter(|e| e.1 == node) {
+                    e.1 = np;
+                }
             }
         }
+        drop(upper_guard);
         // Previous sibling: shadow pointer, then flip.
         let l = lg.node();
         let ls = lg.state();
@@ -498,19 +571,34 @@ impl Tree {
         // PERSIST: the flip: the sibling chain runs through the copy.
         self.pool.persist(l.hdr_addr(), 64);
         // Obsolete (volatile meaning only: the node is unreachable in PM already).
-        o.hdr.meta.store(meta_word(0, FLAG_OBSOLETE), Ordering::Release);
+        o.hdr.meta.store(meta_word(level, FLAG_OBSOLETE), Ordering::Release);
         log.state.store(0, Ordering::Release);
         // PERSIST: disarmed after both references are durable.
         self.pool.persist_obj(&log.state);
-        drop(pg);
+        drop(parent);
         drop(og);
         drop(lg);
-        // SAFETY: `node` is unlinked (parent and previous sibling name the copy, and it is
-        // marked obsolete for anyone holding it); it is retired once, after the grace period.
+        // SAFETY: `node` is unlinked (parent — or the upper layer — and previous sibling name
+        // the copy, and it is marked obsolete for anyone holding it); it is retired once,
+        // after the grace period.
         unsafe { self.retire_block(&guard, node) };
         // Hand the deferred free to the global queue now: the coordinator may sleep for long.
         guard.flush();
         Ok(true)
+    }
+
+    /// Migrates the node of `level` covering `key` to `target` (tests, repros).
+    pub(crate) fn migrate_level_key(&self, key: u64, level: u32, target: usize) -> Result<bool> {
+        let guard = epoch::pin();
+        let mut path = Vec::new();
+        let (p, _) = self.descend(key, level, &mut path, &guard)?;
+        let n = self.node(p)?;
+        if n.level() != level {
+            return Ok(false);
+        }
+        let id = n.hdr.id.load(Ordering::Relaxed);
+        drop(guard);
+        self.migrate(p, id, PPtr::NULL, target)
     }
 
     /// Migrates the leaf holding `key` to `target` (tests, repros).

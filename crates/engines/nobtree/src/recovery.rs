@@ -117,13 +117,14 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NobtreeOptions) -> Result<(Tree, Reco
     let (nsm, nrec) = Nsm::recover(Arc::clone(&pool), opts.nsm_mode, reachable)?;
     // Step 4.
     let mut repaired = 0u64;
+    let mut trimmed = 0u64;
     let mut max_id = 0u64;
     for &p in levels.iter().flatten() {
         let n = Node::resolve(&pool, p)?;
         max_id = max_id.max(n.hdr.id.load(Ordering::Relaxed));
-        if repair(&pool, &n)? {
-            repaired += 1;
-        }
+        let (changed, trim) = repair(&pool, &n)?;
+        repaired += u64::from(changed);
+        trimmed += u64::from(trim);
     }
     // Step 6 (first build, so that step 5 can use the ordinary paths).
     let top_entries = entries_of(&pool, &levels[0])?;
@@ -160,6 +161,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NobtreeOptions) -> Result<(Tree, Reco
         counters: vec![
             ("nodes", nodes),
             ("nodes_repaired", repaired),
+            ("nodes_trimmed", trimmed),
             ("orphans_linked", linked),
             ("migration_redone", u64::from(redone)),
             ("subindexes", entries.len() as u64),
@@ -175,8 +177,10 @@ fn entries_of(pool: &Pool, top: &[PPtr]) -> Result<Vec<(u64, PPtr)>> {
     top.iter().map(|&p| Ok((Node::resolve(pool, p)?.low(), p))).collect()
 }
 
-/// Step 4 on one node; `true` if it changed anything durable.
-fn repair(pool: &Pool, n: &Node<'_>) -> Result<bool> {
+/// Step 4 on one node: whether it changed anything durable, and whether it trimmed records at
+/// or beyond the high key (a split between its flip and its trim, or a merge between listing
+/// the copied records and its flip).
+fn repair(pool: &Pool, n: &Node<'_>) -> Result<(bool, bool)> {
     let mut s = n.state();
     let mut changed = false;
     if st_locked(s) {
@@ -191,7 +195,8 @@ fn repair(pool: &Pool, n: &Node<'_>) -> Result<bool> {
     }
     let pos: Vec<usize> = (0..count).map(|i| sl_pos(w, i)).collect();
     let keep: Vec<usize> = pos.iter().copied().filter(|&p| n.key(p) < high).collect();
-    if keep.len() != pos.len() {
+    let trim = keep.len() != pos.len();
+    if trim {
         n.hdr.slots.store(sl_build(&keep), Ordering::Release);
         changed = true;
     }
@@ -209,7 +214,7 @@ fn repair(pool: &Pool, n: &Node<'_>) -> Result<bool> {
         // before the tree is used.
         pool.persist(n.hdr_addr(), 64);
     }
-    Ok(changed)
+    Ok((changed, trim))
 }
 
 impl Tree {

@@ -242,9 +242,11 @@ impl Tree {
     }
 
     /// Algorithm 3 lines 10–13, after every insert: rebuild when the average walk along the
-    /// root list exceeds the threshold. One thread rebuilds; the others go on with the old
-    /// layer (the rebuild is "in the background" for them). A rebuild that runs out of space is
-    /// skipped (the old layer and the temporary list stay; the root list keeps lookups right).
+    /// root list exceeds the threshold — in the background (rebuild.rs: the inserting thread
+    /// only requests it), or, with `background_rebuild: false`, inline by the one thread that
+    /// wins `try_lock` while the others go on with the old layer. A rebuild that runs out of
+    /// space is skipped (the old layer and the temporary list stay; the root list keeps lookups
+    /// right).
     pub(crate) fn after_insert(&self, steps: u64) {
         self.walk.add(steps);
         if steps == 0 {
@@ -252,6 +254,10 @@ impl Tree {
         }
         let (q, st) = self.walk.sum();
         if q < self.opts.rebuild_min_ops || (st as f64) <= self.opts.rebuild_threshold * q as f64 {
+            return;
+        }
+        if let Some(r) = &self.rebuilder {
+            r.request();
             return;
         }
         if let Some(mut temp) = self.upper_lock.try_lock() {
@@ -293,66 +299,90 @@ impl Tree {
     }
 }
 
-/// Merge (leaves only) — see docs/design.md "NOBtree", "Merge".
+/// Merge (leaves and inner nodes below the subindex roots) — see docs/design.md "NOBtree",
+/// "Merge".
 impl Tree {
-    /// After a delete left `count` records in the leaf at `leaf`: merges its right sibling into
-    /// it when both are sparse. Returns whether it merged. Never merges subindex roots (the
-    /// upper layer names them) or a right sibling that is its parent's leftmost child.
-    ///
-    /// Protocol (locks: the leaf, its right sibling, then their parent — the order migration
-    /// uses; no other thread holds two node locks):
-    /// 1. remove the sibling's separator from the parent (persist): the sibling is now reached
-    ///    only through the leaf's sibling pointer, like an orphan of a split;
-    /// 2. copy the sibling's records into free slots of the leaf and list them in the leaf's
-    ///    slot word (persist): they lie beyond the leaf's high key, so they are invisible (a
-    ///    crash here: recovery trims them and re-links the sibling);
-    /// 3. store the sibling's functional sibling into the leaf's shadow pointer (persist), flip
-    ///    `sib_ver` (persist) — the commit: the leaf covers the sibling's range, the sibling is
-    ///    unreachable;
-    /// 4. mark the sibling obsolete, unlock, retire it under the epoch.
-    pub(crate) fn try_merge(&self, leaf: PPtr, guard: &Guard) -> Result<bool> {
-        if self.top() == 0 {
-            return Ok(false);
+    /// After a delete (or a merge below) left few records in the node at `node`: merges its
+    /// right sibling into it when both are sparse, then, if that left the parent sparse, merges
+    /// the parent the same way (a cascade up to the level below the subindex roots). Returns
+    /// whether it merged at the first level. Never merges subindex roots (the upper layer names
+    /// them) or a right sibling that is its parent's leftmost child.
+    pub(crate) fn try_merge(&self, node: PPtr, guard: &Guard) -> Result<bool> {
+        let mut cur = node;
+        let mut first = None;
+        loop {
+            let next = self.merge_once(cur, guard)?;
+            first.get_or_insert(next.is_some());
+            match next {
+                Some((parent, left)) if left <= MERGE_TRIGGER => cur = parent,
+                _ => return Ok(first.unwrap_or(false)),
+            }
         }
-        let ng = WriteGuard::lock(self.node(leaf)?);
+    }
+
+    /// One merge at `node`'s level. Returns the parent it removed a separator from and the
+    /// records the parent kept, or `None` when it did not merge.
+    ///
+    /// Protocol (locks: the node `N`, its right sibling `R`, then their parent `P` — the order
+    /// migration uses: within a level left to right, then upwards; every thread holding two
+    /// node locks takes them in that order, so this cannot deadlock):
+    /// 1. remove `R`'s separator from `P` (persist): `R` is now reached only through `N`'s
+    ///    sibling pointer, like an orphan of a split; `P` is released;
+    /// 2. copy `R`'s records into free slots of `N` — for an inner node first `(R.low,
+    ///    R.leftmost)`, the separator that routed to `R`'s leftmost child — and list them in
+    ///    `N`'s slot word (persist): they lie beyond `N`'s high key (`R.low`), so they are
+    ///    invisible (a crash here: recovery trims them and re-links `R`);
+    /// 3. store `R`'s functional sibling into `N`'s shadow pointer (persist), flip `sib_ver`
+    ///    (persist) — the commit: `N` covers `R`'s range, `R` is unreachable;
+    /// 4. mark `R` obsolete, unlock, retire `R` under the epoch (a writer that still holds `R`
+    ///    in its path sees the flag and restarts from the upper layer).
+    fn merge_once(&self, node: PPtr, guard: &Guard) -> Result<Option<(PPtr, usize)>> {
+        let ng = WriteGuard::lock(self.node(node)?);
         let n = ng.node();
-        if n.is_obsolete() || n.level() != 0 {
-            return Ok(false);
+        let level = n.level();
+        if n.is_obsolete() || level >= self.top() {
+            return Ok(None);
         }
         let ns = ng.state();
         let rp = n.sibling(ns);
         if rp.is_null() {
-            return Ok(false);
+            return Ok(None);
         }
         let rg = WriteGuard::lock(self.node(rp)?);
         let r = rg.node();
-        if r.is_obsolete() {
-            return Ok(false);
+        if r.is_obsolete() || r.level() != level {
+            return Ok(None);
         }
         let nw = n.slots();
         let rw = r.slots();
         let rs = rg.state();
         let (rsib, rhigh) = self.high_of(&r, rs)?;
-        let rrecs: Vec<(u64, u64)> =
-            r.records(rw).into_iter().filter(|&(k, _)| k < rhigh).collect();
-        if sl_count(nw) + rrecs.len() > MERGE_MAX {
-            return Ok(false);
-        }
         let rlow = r.low();
+        let mut rrecs: Vec<(u64, u64)> = Vec::with_capacity(RECORDS + 1);
+        if level > 0 {
+            rrecs.push((rlow, r.leftmost().raw()));
+        }
+        rrecs.extend(r.records(rw).into_iter().filter(|&(k, _)| k < rhigh));
+        if sl_count(nw) + rrecs.len() > MERGE_MAX {
+            return Ok(None);
+        }
         let mut path = Vec::new();
-        let (mut pp, _) = self.descend(rlow, 1, &mut path, guard)?;
+        let (mut pp, _) = self.descend(rlow, level + 1, &mut path, guard)?;
         let pg = loop {
             let g = WriteGuard::lock(self.node(pp)?);
             match self.must_leave(&g.node(), g.state(), rlow)? {
                 Some(Step::Right(s)) => pp = s,
-                Some(Step::Restart) => return Ok(false),
+                Some(Step::Restart) => return Ok(None),
                 None => break g,
             }
         };
         let p = pg.node();
+        if p.level() != level + 1 {
+            return Ok(None); // no parent level yet (the young first subindex)
+        }
         let pw = p.slots();
         let Some(q) = find(&p, pw, rlow).filter(|&q| p.val(q) == rp.raw()) else {
-            return Ok(false); // the parent's leftmost child, or an orphan: not merged
+            return Ok(None); // the parent's leftmost child, or an orphan: not merged
         };
         // Step 1.
         let ppos: Vec<usize> = sl_positions(pw).into_iter().filter(|&x| x != q).collect();
@@ -368,7 +398,7 @@ impl Tree {
         let mut used: u16 = pos.iter().fold(0, |a, &x| a | (1 << x));
         for &(k, v) in &rrecs {
             let Some(free) = (0..RECORDS).find(|&x| used & (1 << x) == 0) else {
-                return Ok(false); // cannot happen: counted above
+                return Ok(None); // cannot happen: counted above
             };
             used |= 1 << free;
             n.recs[free].key.store(k, Ordering::Relaxed);
@@ -391,18 +421,21 @@ impl Tree {
         // PERSIST: the flip (commit): the sibling is unlinked.
         self.pool.persist(n.hdr_addr(), 64);
         // Step 4.
-        r.hdr.meta.store(layout::meta_word(0, layout::FLAG_OBSOLETE), Ordering::Release);
+        r.hdr.meta.store(layout::meta_word(level, layout::FLAG_OBSOLETE), Ordering::Release);
         drop(rg);
         drop(ng);
         // SAFETY: `rp` is unreachable (no parent entry, no sibling pointer) and marked obsolete
         // for threads holding it; retired once, after the grace period.
         unsafe { self.retire_block(guard, rp) };
         self.counters.merges.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        if level > 0 {
+            self.counters.inner_merges.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Some((pp, ppos.len())))
     }
 }
 
-/// Most records a merged leaf may hold (room is left for inserts before it splits again).
+/// Most records a merged node may hold (room is left for inserts before it splits again).
 const MERGE_MAX: usize = 8;
 /// A delete that leaves at most this many records tries a merge.
 pub(crate) const MERGE_TRIGGER: usize = 2;

@@ -248,6 +248,35 @@ impl Upper {
         true
     }
 
+    /// Points the entry `(key, old)` of every replica at `new` (a migrated subindex root);
+    /// `false` (nothing changed) when the replicas do not hold that entry. Caller holds the
+    /// upper-layer mutex.
+    pub fn replace(&self, pool: &Pool, key: u64, old: PPtr, new: PPtr) -> bool {
+        for (r, &base) in self.replicas.iter().enumerate() {
+            let leaf_idx = self.leaf_for(pool, base, key);
+            let leaf = self.node(pool, base, *self.level_first.last().unwrap_or(&0) + leaf_idx);
+            let count = (leaf.w[LEAF_COUNT].load(Ordering::Relaxed) as usize).min(UP_LEAF_SLOTS);
+            let Some(pos) = (0..count).find(|&i| {
+                leaf.w[leaf_key(i)].load(Ordering::Relaxed) == key
+                    && leaf.w[leaf_key(i) + 1].load(Ordering::Relaxed) == old.raw()
+            }) else {
+                // Replicas are identical: the first one decides for all.
+                debug_assert_eq!(r, 0);
+                return false;
+            };
+            let v = leaf.w[LEAF_VERSION].load(Ordering::Relaxed);
+            leaf.w[LEAF_VERSION].store(v | 1, Ordering::Relaxed);
+            // ORDERING: Release fence; the odd version is ordered before the entry store
+            // (pairs with the reader's Acquire fence).
+            fence(Ordering::Release);
+            leaf.w[leaf_key(pos) + 1].store(new.raw(), Ordering::Relaxed);
+            // ORDERING: Release; publishes the entry with the even version.
+            leaf.w[LEAF_VERSION].store((v | 1) + 1, Ordering::Release);
+            // PERSIST: none (see the module docs).
+        }
+        true
+    }
+
     /// Every entry of the replica of `node`, in key order (caller holds the upper mutex).
     pub fn entries(&self, pool: &Pool, node: usize) -> Vec<(u64, PPtr)> {
         let base = self.replicas[node % self.replicas.len()];

@@ -1,6 +1,7 @@
 //! Four threads on two NUMA nodes on one shared key space: inserts, upserts, removes, gets and
 //! scans while leaves split and merge, subindex roots split into the upper replicas, the upper
-//! layer rebuilds (low threshold) and the coordinator migrates hot leaves (low hot threshold).
+//! layer rebuilds on its thread (low threshold) and the coordinator migrates hot nodes (low hot
+//! threshold); at height 3 also inner merges and inner-node and root migrations.
 //! Every value read names its key, scans ascend strictly, and the final tree checks and agrees
 //! with point reads.
 
@@ -14,7 +15,19 @@ use numakv_nobtree::{MigrationOptions, NobtreeOptions};
 
 #[test]
 fn mixed_ops_shared_keys_with_smos_rebuilds_and_migrations() {
+    stress(2, &["splits", "merges", "subindex_splits"]);
+}
+
+/// Height 3: inner nodes merge and inner nodes and subindex roots migrate while the rest runs
+/// (a bulk delete phase at the end thins the inner level).
+#[test]
+fn height3_inner_merges_and_inner_migrations_under_load() {
+    stress(3, &["splits", "merges", "inner_merges", "subindex_splits", "migrations"]);
+}
+
+fn stress(height: u32, want: &[&str]) {
     let opts = NobtreeOptions {
+        height,
         rebuild_threshold: 0.02,
         rebuild_min_ops: 100,
         migration: MigrationOptions { sample_every: 3, hot_threshold: 3, ..Default::default() },
@@ -65,7 +78,22 @@ fn mixed_ops_shared_keys_with_smos_rebuilds_and_migrations() {
             });
         }
     });
+    if height > 2 {
+        // Thin everything out concurrently: leaf merges cascade into inner merges.
+        std::thread::scope(|s| {
+            for th in 0..4u64 {
+                let t = Arc::clone(&t);
+                s.spawn(move || {
+                    numakv_pmem::numa::set_current_node((th % 2) as usize);
+                    for k in (1..=SPACE).filter(|k| k % 4 == th && k % 17 != 0) {
+                        t.remove(k).unwrap();
+                    }
+                });
+            }
+        });
+    }
     t.drain_migrations();
+    t.drain_rebuilds();
     let r = t.check().unwrap();
     let mut out = Vec::new();
     t.scan(0, usize::MAX, &mut out).unwrap();
@@ -76,7 +104,7 @@ fn mixed_ops_shared_keys_with_smos_rebuilds_and_migrations() {
     }
     let st = t.stats();
     eprintln!("{:?}", st.counters);
-    for c in ["splits", "merges", "subindex_splits"] {
+    for &c in want {
         assert!(st.counter(c).unwrap() > 0, "no {c}: {:?}", st.counters);
     }
 }

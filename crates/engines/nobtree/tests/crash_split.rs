@@ -3,7 +3,7 @@
 //! with random survival/eviction, and in eADR shadow mode. After recovery the tree holds every
 //! acknowledged operation and the interrupted one wholly or not at all, passes `check()` with
 //! no leak, and keeps working. The sweep must hit the split windows: a flip without its trim
-//! (`nodes_repaired`) and a commit without its parent insert (`orphans_linked`).
+//! (`nodes_trimmed`) and a commit without its parent insert (`orphans_linked`).
 
 mod common;
 
@@ -42,13 +42,13 @@ fn adr_every_kth_fence_height3() {
     let opts = NobtreeOptions { height: 3, ..quiet() };
     let reps = sweep(PersistMode::Adr, &opts, 2, 0x5b17);
     assert!(reps.len() > 40, "only {} crash points", reps.len());
-    for c in ["nodes_repaired", "orphans_linked"] {
+    for c in ["nodes_trimmed", "orphans_linked"] {
         assert!(counter_sum(&reps, c) > 0, "no crash exercised {c}");
     }
     eprintln!(
-        "adr: {} rounds, nodes_repaired {}, orphans_linked {}, nsm_free_blocks {}",
+        "adr: {} rounds, nodes_trimmed {}, orphans_linked {}, nsm_free_blocks {}",
         reps.len(),
-        counter_sum(&reps, "nodes_repaired"),
+        counter_sum(&reps, "nodes_trimmed"),
         counter_sum(&reps, "orphans_linked"),
         counter_sum(&reps, "nsm_free_blocks")
     );

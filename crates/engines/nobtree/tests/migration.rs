@@ -165,3 +165,147 @@ fn coordinator_moves_hot_remote_leaves() {
     );
     t.check().unwrap();
 }
+
+#[test]
+fn explicit_migration_moves_inner_nodes_and_roots() {
+    // Height 3: level 1 = inner nodes of the subindexes (parent: a level-2 node), level 2 =
+    // subindex roots (parent: the upper layer). Height 1: every leaf is a subindex root.
+    for height in [3u32, 1] {
+        let t = volatile(&NobtreeOptions { height, nsm_mode: NsmMode::Node(0), ..quiet() });
+        let mut model = BTreeMap::new();
+        for k in 1..=12_000u64 {
+            t.insert(k * 3, vk(k)).unwrap();
+            model.insert(k * 3, vk(k));
+        }
+        for level in (1..height).chain((height == 1).then_some(0)) {
+            let mut moved = 0;
+            for k in (300..=36_000u64).step_by(150) {
+                if t.migrate_node_of(k, level, 1).unwrap() {
+                    moved += 1;
+                    assert_eq!(t.node_of(k, level).unwrap(), 1, "level {level} key {k}");
+                }
+            }
+            assert!(moved > 3, "height {height} level {level}: only {moved} migrations");
+            // The first node of a level has no previous sibling: never migrated.
+            assert!(!t.migrate_node_of(1, level, 1).unwrap());
+            t.check().unwrap_or_else(|e| panic!("height {height} level {level}: {e}"));
+            for (&k, &v) in model.iter().step_by(5) {
+                assert_eq!(t.get(k).unwrap(), Some(v));
+            }
+        }
+        // Writes that split migrated nodes, a rebuild of the upper layer over migrated roots,
+        // migrations back.
+        for k in 1..=12_000u64 {
+            t.upsert(k * 3 + 1, vk(k)).unwrap();
+            model.insert(k * 3 + 1, vk(k));
+        }
+        t.rebuild_upper().unwrap();
+        for level in 0..height {
+            for k in (300..=36_000u64).step_by(300) {
+                let _ = t.migrate_node_of(k, level, 0).unwrap();
+            }
+        }
+        t.check().unwrap();
+        let mut out = Vec::new();
+        t.scan(0, usize::MAX, &mut out).unwrap();
+        assert_eq!(out, model.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn inner_migrations_race_with_operations() {
+    let t = volatile(&NobtreeOptions { height: 3, ..quiet() });
+    const SPACE: u64 = 20_000;
+    for k in 1..=SPACE {
+        t.insert(k, vk(k)).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (t, stop) = (&t, &stop);
+        s.spawn(move || {
+            let mut rng = Rng(7);
+            let mut n = [0u64; 3];
+            while !stop.load(Ordering::Relaxed) {
+                let k = 1 + rng.below(SPACE);
+                let level = rng.below(3) as u32;
+                if t.migrate_node_of(k, level, rng.below(2) as usize).unwrap() {
+                    n[level as usize] += 1;
+                }
+            }
+            assert!(n[1] > 0 && n[2] > 0, "no inner or root migration succeeded: {n:?}");
+        });
+        let workers: Vec<_> = (0..3u64)
+            .map(|th| {
+                s.spawn(move || {
+                    set_current_node((th % 2) as usize);
+                    let mut rng = Rng(0xdef + th);
+                    for _ in 0..common::scaled(40_000) {
+                        let k = 1 + rng.below(2 * SPACE);
+                        match rng.below(10) {
+                            0..=2 => t.upsert(k, vk(k)).unwrap(),
+                            3 | 4 => {
+                                t.remove(k).unwrap();
+                            }
+                            _ => {
+                                if let Some(v) = t.get(k).unwrap() {
+                                    assert_eq!(v, vk(k));
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let r = t.check().unwrap();
+    let mut out = Vec::new();
+    t.scan(0, usize::MAX, &mut out).unwrap();
+    assert_eq!(r.entries, out.len() as u64);
+    for (k, v) in out {
+        assert_eq!(v, vk(k));
+    }
+}
+
+#[test]
+fn coordinator_moves_hot_remote_inner_nodes() {
+    let opts = NobtreeOptions {
+        height: 3,
+        nsm_mode: NsmMode::Node(0),
+        migration: MigrationOptions { hot_threshold: 4, ..Default::default() },
+        ..Default::default()
+    };
+    let t = volatile(&opts);
+    for k in 1..=20_000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    let hot: Vec<u64> = (1..=40u64).map(|i| i * 487).collect();
+    std::thread::scope(|s| {
+        for th in 0..2usize {
+            let (t, hot) = (&t, &hot);
+            s.spawn(move || {
+                set_current_node(1);
+                let mut rng = Rng(th as u64 + 11);
+                for _ in 0..100_000usize {
+                    let k = hot[rng.below(hot.len() as u64) as usize];
+                    assert_eq!(t.get(k).unwrap(), Some(vk(k)));
+                }
+            });
+        }
+    });
+    t.drain_migrations();
+    let st = t.stats();
+    for level in 0..3 {
+        let local = hot.iter().filter(|&&k| t.node_of(k, level).unwrap() == 1).count();
+        assert!(
+            local * 2 > hot.len(),
+            "level {level}: only {local} of {} hot nodes moved to node 1: {:?}",
+            hot.len(),
+            st.counters
+        );
+    }
+    t.check().unwrap();
+}

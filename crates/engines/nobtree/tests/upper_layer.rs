@@ -27,9 +27,14 @@ fn random_inserts_fill_and_rebuild() {
             keys.push(k);
         }
     }
+    t.drain_rebuilds();
     assert!(counter(&t, "subindex_splits") > 100);
     assert!(counter(&t, "upper_insert_failed") > 0, "no upper leaf ever filled");
     assert!(counter(&t, "upper_rebuilds") > 0, "the walk never triggered a rebuild");
+    assert!(
+        counter(&t, "upper_rebuild_requests") >= counter(&t, "upper_rebuilds"),
+        "rebuilds ran without the background thread taking a request"
+    );
     let r = t.check().unwrap();
     assert_eq!(r.entries, keys.len() as u64);
     for &k in keys.iter().step_by(7) {
@@ -92,4 +97,54 @@ fn upper_layer_reads_are_local() {
         assert!(d.reads_local > 2000, "{d:?}");
         assert_eq!(d.reads_remote, 0, "node {n}: lookups read remote lines: {d:?}");
     }
+}
+
+#[test]
+fn background_rebuild_keeps_readers_right() {
+    // Inserting threads only request rebuilds; the rebuild thread swaps replicas while other
+    // threads keep reading keys inserted before: every read must find its key throughout.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let opts =
+        NobtreeOptions { height: 1, rebuild_threshold: 0.02, rebuild_min_ops: 100, ..quiet() };
+    let t = volatile(&opts);
+    let base: Vec<u64> = (1..=3000u64).map(|k| k * 1_000_003).collect();
+    for &k in &base {
+        t.insert(k, vk(k)).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for r in 0..2usize {
+            let (t, base, stop) = (&t, &base, &stop);
+            s.spawn(move || {
+                numakv_pmem::numa::set_current_node(r);
+                let mut i = r;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = base[i % base.len()];
+                    assert_eq!(t.get(k).unwrap(), Some(vk(k)), "key {k} lost during a rebuild");
+                    i += 7;
+                }
+            });
+        }
+        let mut rng = Rng(0x77);
+        for _ in 0..30_000 {
+            let k = 1 + rng.below(1 << 40);
+            let _ = t.insert(k, vk(k)).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    t.drain_rebuilds();
+    assert!(counter(&t, "upper_rebuilds") > 0, "no rebuild ran");
+    assert!(counter(&t, "upper_rebuild_requests") > 0, "the rebuild thread took no request");
+    t.check().unwrap();
+
+    // Inline mode: the same workload rebuilds on the inserting thread, no requests.
+    let t = volatile(&NobtreeOptions { background_rebuild: false, ..opts });
+    let mut rng = Rng(0x77);
+    for _ in 0..30_000 {
+        let k = 1 + rng.below(1 << 40);
+        let _ = t.insert(k, vk(k)).unwrap();
+    }
+    assert!(counter(&t, "upper_rebuilds") > 0, "no inline rebuild ran");
+    assert_eq!(counter(&t, "upper_rebuild_requests"), 0);
+    t.check().unwrap();
 }
