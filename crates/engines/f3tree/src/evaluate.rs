@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use numakv_fastfair::LeafCursor;
 use numakv_index::{Error, Index, Result};
 use numakv_numa as numa;
 use numakv_pmem::alloc::epoch;
@@ -216,8 +217,21 @@ pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
         items.sort_by_cached_key(key);
     }
     inner.counters.phases.end(Phase::EvalPtfo);
-    for &loc in &items {
-        apply(inner, loc)?;
+    match inner.opts.evaluation {
+        Evaluation::KeyBased => {
+            for &loc in &items {
+                apply(inner, loc, None)?;
+            }
+        }
+        Evaluation::NodeBatched { .. } => {
+            // Node-based: the sorted batch is written leaf by leaf — keys that fall into the
+            // leaf the previous key went to are written there without a new descent.
+            let mut cursor = inner.tree.leaf_cursor();
+            for &loc in &items {
+                apply(inner, loc, Some(&mut cursor))?;
+            }
+            inner.counters.leaf_reuses.fetch_add(cursor.hits(), Ordering::Relaxed);
+        }
     }
     let desc = inner.desc(l.slot)?;
     for &(fo, newer) in &passed {
@@ -242,8 +256,9 @@ pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
     Ok((items.len(), retired))
 }
 
-/// Applies the entry at `loc` to the tree if it is still the latest of its key.
-fn apply(inner: &Inner, loc: PPtr) -> Result<()> {
+/// Applies the entry at `loc` to the tree if it is still the latest of its key (through the
+/// batch's leaf cursor when node-batched).
+fn apply(inner: &Inner, loc: PPtr, cursor: Option<&mut LeafCursor<'_>>) -> Result<()> {
     let pool = &inner.pool;
     let e = pool.get::<FoEntry>(loc)?;
     // ORDERING: Acquire; pairs with the Release of the meta word in `ptfo::append`.
@@ -262,6 +277,8 @@ fn apply(inner: &Inner, loc: PPtr) -> Result<()> {
         Some(p) if p.loc == loc && p.version == version => {
             if meta & TOMB != 0 {
                 inner.tree.remove(key)?;
+            } else if let Some(c) = cursor {
+                c.upsert(key, value)?;
             } else {
                 inner.tree.upsert(key, value)?;
             }

@@ -184,6 +184,9 @@ pub(crate) struct Counters {
     /// Evaluate threads pinned to a CPU of their node (NUMA-aware), and pinning failures.
     pub evaluators_pinned: AtomicU64,
     pub pin_failures: AtomicU64,
+    /// Node-batched evaluation: entries written into the leaf of the previous entry without a
+    /// descent from the root.
+    pub leaf_reuses: AtomicU64,
     /// PM lines per phase (while accounting is on).
     pub phases: Phases,
 }
@@ -547,6 +550,7 @@ impl Index for F3Tree {
             ("producer_waits", get(&c.producer_waits)),
             ("eval_errors", get(&c.eval_errors)),
             ("evaluators_pinned", get(&c.evaluators_pinned)),
+            ("leaf_reuses", get(&c.leaf_reuses)),
             ("evaluator_pin_failures", get(&c.pin_failures)),
         ]);
         for ph in Phase::ALL {
