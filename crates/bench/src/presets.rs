@@ -148,11 +148,15 @@ pub fn by_name(name: &str) -> Result<Workload> {
         // write, 12.5 K delete, 2 M search"; §5.2.4: "each thread alternates between four insert
         // queries, 16 search queries, and one delete query, as performed in F&F" with "a random
         // key distribution"; §5.2.1 / §5.2.2 run W1 with sequential and random keys.
-        "f3tree-w1" => w(Mix::only(Insert)).with_dist(Dist::Uniform).with_preload(false),
+        // W1's insert is a blind write in the paper (Algorithm 1's INSERT_FO only appends).
+        "f3tree-w1" => {
+            w(Mix::only(Insert)).with_dist(Dist::Uniform).with_preload(false).with_blind_inserts()
+        }
         "f3tree-w1-seq" => w(Mix::only(Insert))
             .with_dist(Dist::Uniform)
             .with_key_order(KeyOrder::Ordered)
-            .with_preload(false),
+            .with_preload(false)
+            .with_blind_inserts(),
         "f3tree-w2" => w(Mix::only(Get)).with_dist(Dist::Uniform),
         "f3tree-composite" => {
             w(Mix::cycle(&[(Insert, 4), (Get, 16), (Remove, 1)])).with_dist(Dist::Uniform)

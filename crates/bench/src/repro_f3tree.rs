@@ -20,13 +20,6 @@ use crate::target::Target;
 /// Worker threads of the F3-tree figures (scaled down from the paper's 10-40).
 const THREADS: usize = 4;
 
-fn target(name: &str) -> Result<Arc<dyn Target>> {
-    crate::engines::available()
-        .into_iter()
-        .find(|t| t.name() == name)
-        .ok_or_else(|| BenchError::Config(format!("no target {name}")))
-}
-
 /// Whether the caller asked for the F3-tree engines (the CLI's default `all` does).
 fn wants_f3(targets: &[Arc<dyn Target>]) -> bool {
     targets.iter().any(|t| t.name().starts_with("f3tree"))
@@ -56,18 +49,157 @@ fn w1_config(opts: &ReproOptions, ops: u64) -> BenchConfig {
     }
 }
 
-/// One target's W1 run plus the PM accesses of every thread (workers and evaluate threads).
-struct Measured {
+/// The write of W1 as our API issues it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum W1Op {
+    /// `upsert`: a blind write, as the paper's W1 insert is (Algorithm 1's INSERT_FO appends to
+    /// the PTFO; F&F's `btree_insert` does not look for the key first).
+    Upsert,
+    /// `insert`: insert-if-absent, which must look the key up (F3-tree: in the global tree,
+    /// under the key's shard lock) to return whether it was new.
+    Insert,
+}
+
+/// PM lines of F3-tree's phases: `(local, remote)` per [`PHASES`] entry.
+const PHASES: [&str; 4] = ["producer_tree", "producer_ptfo", "eval_ptfo", "eval_tree"];
+
+/// One W1 run of the figure: producers until their last write, then the evaluators until every
+/// entry is in the tree — with accounting on throughout, so the evaluate threads' PM lines are
+/// all counted (the paper counts the whole run's remote accesses).
+struct W1Run {
     name: String,
-    mops: f64,
+    op: W1Op,
     ops: u64,
-    worker_remote_per_op: f64,
+    producer_secs: f64,
+    drained_secs: f64,
+    /// Every thread's PM lines (workers and evaluate threads).
     all: AccessStats,
+    /// F3-tree's per-phase (local, remote) lines; zero for other engines.
+    phases: [(u64, u64); 4],
+    /// F3-N: entries written into the previous entry's leaf without a descent.
+    leaf_reuses: u64,
+}
+
+impl W1Run {
+    fn remote_per_op(&self) -> f64 {
+        (self.all.reads_remote + self.all.writes_remote) as f64 / self.ops.max(1) as f64
+    }
+    fn lines_per_op(&self) -> f64 {
+        (self.all.reads() + self.all.writes()) as f64 / self.ops.max(1) as f64
+    }
+}
+
+/// Runs W1 (`ops` fresh random keys by [`THREADS`] threads interleaved over the nodes) on a
+/// fresh store of `kind` with `settings`.
+fn run_w1(
+    name: &str,
+    kind: EngineKind,
+    settings: Settings,
+    op: W1Op,
+    opts: &ReproOptions,
+    ops: u64,
+) -> Result<W1Run> {
+    let nodes = opts.nodes.max(2);
+    let scratch = opts.scratch.clone().unwrap_or_else(crate::runner::default_scratch);
+    let dir = tempfile::Builder::new()
+        .prefix("numakv-repro-")
+        .tempdir_in(&scratch)
+        .map_err(|e| BenchError::Config(format!("scratch directory: {e}")))?;
+    let mut eopts = kind.default_options();
+    for (k, v) in settings {
+        eopts.set(k, v).map_err(store_err(name))?;
+    }
+    let store =
+        Store::create(dir.path().join("store"), kind, store_options(opts, ops).engine(eopts))
+            .map_err(store_err(name))?;
+    let index = store.index();
+    account::set_enabled(true);
+    account::op_discard();
+    let before = account::global_stats();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS as u64)
+            .map(|t| {
+                s.spawn(move || -> Result<()> {
+                    numakv_numa::set_current_node(t as usize % nodes);
+                    account::op_discard();
+                    let mut i = t;
+                    while i < ops {
+                        match op {
+                            W1Op::Upsert => index.upsert(key_of(i), i)?,
+                            W1Op::Insert => {
+                                if !index.insert(key_of(i), i)? {
+                                    return Err(BenchError::Target {
+                                        target: "w1".into(),
+                                        message: format!("key {i} was not new"),
+                                    });
+                                }
+                            }
+                        }
+                        account::op_end();
+                        i += THREADS as u64;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(panicked())))
+    })
+    .map_err(|e| match e {
+        BenchError::Target { message, .. } => {
+            BenchError::Target { target: name.to_string(), message }
+        }
+        e => e,
+    })?;
+    let producer_secs = t0.elapsed().as_secs_f64();
+    // The evaluate threads checkpoint what is left; accounting stays on until they are done.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while counter(index, "pending_keys") + counter(index, "pending_entries") > 0
+        && Instant::now() < deadline
+    {
+        // Reading the statistics touches no PM line that should count.
+        account::op_discard();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let drained_secs = t0.elapsed().as_secs_f64();
+    let all = account::global_stats().since(&before);
+    account::set_enabled(false);
+    let phases = std::array::from_fn(|i| {
+        (
+            counter(index, &format!("pm_{}_local", PHASES[i])),
+            counter(index, &format!("pm_{}_remote", PHASES[i])),
+        )
+    });
+    let leaf_reuses = counter(index, "leaf_reuses");
+    store.close().map_err(store_err(name))?;
+    Ok(W1Run {
+        name: name.to_string(),
+        op,
+        ops,
+        producer_secs,
+        drained_secs,
+        all,
+        phases,
+        leaf_reuses,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // f3tree-numa
 // ---------------------------------------------------------------------------------------------
+
+/// The figure's own rows: (name, engine, settings).
+const NUMA_ROWS: [(&str, EngineKind, Settings); 5] = [
+    ("f3tree", EngineKind::F3Tree, &[]),
+    ("f3tree-n", EngineKind::F3Tree, &[("evaluation", "batched:1024")]),
+    (
+        "f3tree-nonuma",
+        EngineKind::F3Tree,
+        &[("numa_aware", "false"), ("evaluation", "batched:1024")],
+    ),
+    ("f3tree-nonuma-k", EngineKind::F3Tree, &[("numa_aware", "false")]),
+    ("fastfair", EngineKind::FastFair, &[]),
+];
 
 pub(crate) fn numa(
     targets: &[Arc<dyn Target>],
@@ -75,32 +207,58 @@ pub(crate) fn numa(
     progress: Progress,
 ) -> Result<(String, Report, Vec<PathBuf>)> {
     let ops = scaled(200_000, opts.scale, 10_000);
-    let config = w1_config(opts, ops);
-    let workload = crate::presets::by_name("f3tree-w1")?;
-    let mut report = Report::default();
-    let mut rows = Vec::new();
-    let own = ["f3tree-n", "f3tree-nonuma", "f3tree", "fastfair"];
-    let mut run_targets = Vec::new();
+    let nodes = opts.nodes.max(2);
+    let mut rows: Vec<W1Run> = Vec::new();
     if wants_f3(targets) {
-        for name in own {
-            run_targets.push(target(name)?);
+        for (name, kind, settings) in NUMA_ROWS {
+            rows.push(run_w1(name, kind, settings, W1Op::Upsert, opts, ops)?);
+        }
+        // The same pair with insert-if-absent: what a producer-side tree lookup adds.
+        for (name, kind, settings) in &NUMA_ROWS[1..3] {
+            rows.push(run_w1(name, *kind, settings, W1Op::Insert, opts, ops)?);
         }
     }
-    run_targets.extend(references(targets, &[]));
-    for t in run_targets {
-        let name = t.name();
-        let before = account::global_stats();
-        let r = run_workloads(&config, std::slice::from_ref(&workload), &[t], progress)?;
-        let all = account::global_stats().since(&before);
-        if let Some(run) = r.runs.first() {
-            rows.push(Measured {
-                name: name.clone(),
-                mops: run.throughput_mops,
-                ops: run.ops,
-                worker_remote_per_op: run.remote_reads_per_op + run.remote_writes_per_op,
-                all,
-            });
+    let mut report = Report::default();
+    for r in &rows {
+        let per = |x: u64| x as f64 / r.ops.max(1) as f64;
+        let mut counters = std::collections::BTreeMap::new();
+        for (i, p) in PHASES.iter().enumerate() {
+            counters.insert(format!("pm_{p}_local"), r.phases[i].0);
+            counters.insert(format!("pm_{p}_remote"), r.phases[i].1);
         }
+        report.runs.push(crate::report::RunResult {
+            engine: r.name.clone(),
+            workload: format!(
+                "f3tree-w1 ({})",
+                if r.op == W1Op::Upsert { "upsert" } else { "insert" }
+            ),
+            threads: THREADS,
+            nodes,
+            placement: "interleave".into(),
+            persist: opts.persist.to_string(),
+            ops: r.ops,
+            seconds: r.producer_secs,
+            throughput_mops: r.ops as f64 / r.producer_secs.max(1e-9) / 1e6,
+            pm_reads_per_op: per(r.all.reads()),
+            pm_writes_per_op: per(r.all.writes()),
+            remote_reads_per_op: per(r.all.reads_remote),
+            remote_writes_per_op: per(r.all.writes_remote),
+            remote_share: r.all.remote_share(),
+            flushes_per_op: per(r.all.flushes),
+            fences_per_op: per(r.all.fences),
+            seed: opts.seed,
+            counters,
+            ..Default::default()
+        });
+    }
+    // Reference rows: the other targets asked for, through the benchmark runner on W1.
+    let refs = references(targets, &["fastfair"]);
+    let mut ref_runs = Vec::new();
+    if !refs.is_empty() {
+        let config = w1_config(opts, ops);
+        let workload = crate::presets::by_name("f3tree-w1")?;
+        let r = run_workloads(&config, std::slice::from_ref(&workload), &refs, progress)?;
+        ref_runs = r.runs.clone();
         report.runs.extend(r.runs);
         report.failures.extend(r.failures);
     }
@@ -110,56 +268,123 @@ pub(crate) fn numa(
         "f3tree-numa",
         opts,
         &format!(
-            "W1 (write only, {ops} random 8-byte keys into an empty tree), {THREADS} threads \
-             interleaved over {} emulated nodes",
-            config.nodes
+            "W1 (write only, {ops} fresh random 8-byte keys into an empty tree), {THREADS} \
+             threads interleaved over {nodes} emulated nodes"
         ),
     );
     md.push_str(
         "## The paper's claim\n\n\
-         papers/f3tree.txt §5.2.2, Figs. 8-9: with PTFOs bound to the writer's node and \
-         per-node evaluate threads, F3-tree(N) cuts remote memory accesses by more than half \
-         compared with the NUMA-oblivious F3-tree, and writes faster than F&F.\n\n\
+         papers/f3tree.txt §5.3.1, Figs. 8-9: with PTFOs in the writer's node and per-node \
+         evaluate threads checkpointing only their node's PTFOs, F3-tree(N) makes 50% fewer \
+         remote memory accesses than F3-tree without NUMA awareness, and writes faster than F&F \
+         (Fig. 8: 1.3x F3-tree, 5x F&F on 40 cores).\n\n\
          ## Our measurement\n\n\
-         `f3tree-n` is the NUMA-aware engine with node-batched evaluation; `f3tree-nonuma` is \
-         the same engine with PTFOs interleaved over the nodes and evaluate threads serving any \
-         node's PTFOs. *All threads* counts the PM lines of the workers and of the evaluate \
-         threads during the measured phase (the paper counts both), per workload operation; \
-         *workers* only the application threads.\n\n\
-         | engine | Mops/s | remote lines/op (all threads) | remote share (all) | remote lines/op (workers) |\n\
-         |---|---:|---:|---:|---:|\n",
+         `f3tree` (key-based, F3-K) and `f3tree-n` (node-batched, F3-N) are NUMA-aware; \
+         `f3tree-nonuma` (batched) and `f3tree-nonuma-k` (key-based) place PTFOs round robin \
+         over the nodes and let any evaluate thread serve any PTFO. W1's write is `upsert`, a \
+         blind write like the paper's insert (rows marked `insert` use insert-if-absent). \
+         Lines are counted from the first write until the evaluate threads have checkpointed \
+         every entry (accounting on throughout), for every thread, per W1 operation; an \
+         evaluator's tree write is counted like one FAST&FAIR operation. *Producers* is \
+         throughput until the last write returned, *drained* until the tree holds every key.\n\n\
+         | engine | op | Mops/s producers | Mops/s drained | PM lines/op | remote lines/op | \
+         remote read / written | remote share |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in &rows {
-        let remote = (r.all.reads_remote + r.all.writes_remote) as f64 / r.ops.max(1) as f64;
         let _ = writeln!(
             md,
-            "| {} | {:.3} | {:.2} | {:.0}% | {:.2} |",
+            "| {} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} / {:.2} | {:.0}% |",
             r.name,
-            r.mops,
-            remote,
+            if r.op == W1Op::Upsert { "upsert" } else { "insert" },
+            r.ops as f64 / r.producer_secs.max(1e-9) / 1e6,
+            r.ops as f64 / r.drained_secs.max(1e-9) / 1e6,
+            r.lines_per_op(),
+            r.remote_per_op(),
+            r.all.reads_remote as f64 / r.ops.max(1) as f64,
+            r.all.writes_remote as f64 / r.ops.max(1) as f64,
             r.all.remote_share() * 100.0,
-            r.worker_remote_per_op
         );
     }
-    let remote = |n: &str| {
-        rows.iter()
-            .find(|r| r.name == n)
-            .map(|r| (r.all.reads_remote + r.all.writes_remote) as f64 / r.ops.max(1) as f64)
-    };
-    if let (Some(n), Some(o)) = (remote("f3tree-n"), remote("f3tree-nonuma")) {
-        let cut = if o > 0.0 { 1.0 - n / o } else { 0.0 };
+    for run in &ref_runs {
         let _ = writeln!(
             md,
-            "\nRemote PM lines per operation, F3-tree(N) vs non-NUMA: {n:.2} vs {o:.2}, \
-             {:.0}% fewer — the paper's \"at least 50% fewer\" {}.",
-            cut * 100.0,
-            if cut >= 0.5 { "holds" } else { "does not hold here" }
+            "| {} (runner, W1 reference) | upsert | {:.3} | - | {:.2} | {:.2} | {:.2} / {:.2} | \
+             {:.0}% |",
+            run.engine,
+            run.throughput_mops,
+            run.pm_reads_per_op + run.pm_writes_per_op,
+            run.remote_reads_per_op + run.remote_writes_per_op,
+            run.remote_reads_per_op,
+            run.remote_writes_per_op,
+            run.remote_share * 100.0
         );
     }
     md.push_str(
-        "\nWhat stays remote in both: the global FAST&FAIR tree is shared by every node (the \
-         paper does not bind it either), and an insert must look the key up in it to honour \
-         insert-if-absent.\n",
+        "\n### Where the lines go (F3-tree phases, lines per W1 operation, local / remote)\n\n\
+         | engine | op | producer tree lookup | producer PTFO writes | evaluator PTFO reads | \
+         evaluator tree writes | leaf reuses |\n|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows.iter().filter(|r| r.name.starts_with("f3tree")) {
+        let per = |x: u64| x as f64 / r.ops.max(1) as f64;
+        let cells: Vec<String> =
+            r.phases.iter().map(|&(l, rm)| format!("{:.2} / {:.2}", per(l), per(rm))).collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.1}% |",
+            r.name,
+            if r.op == W1Op::Upsert { "upsert" } else { "insert" },
+            cells.join(" | "),
+            r.leaf_reuses as f64 * 100.0 / r.ops.max(1) as f64
+        );
+    }
+    let find = |n: &str, op: W1Op| rows.iter().find(|r| r.name == n && r.op == op);
+    let mut verdicts = Vec::new();
+    for (numa, non, op) in [
+        ("f3tree-n", "f3tree-nonuma", W1Op::Upsert),
+        ("f3tree", "f3tree-nonuma-k", W1Op::Upsert),
+        ("f3tree-n", "f3tree-nonuma", W1Op::Insert),
+    ] {
+        if let (Some(a), Some(b)) = (find(numa, op), find(non, op)) {
+            let (x, y) = (a.remote_per_op(), b.remote_per_op());
+            let cut = if y > 0.0 { 1.0 - x / y } else { 0.0 };
+            let (wx, wy) = (a.all.writes_remote as f64, b.all.writes_remote as f64);
+            let wcut = if wy > 0.0 { 1.0 - wx / wy } else { 0.0 };
+            verdicts.push((numa, non, op, x, y, cut, wcut));
+        }
+    }
+    md.push_str("\n### Remote PM accesses, NUMA-aware vs not\n\n");
+    for (numa, non, op, x, y, cut, wcut) in &verdicts {
+        let _ = writeln!(
+            md,
+            "- `{numa}` vs `{non}` ({}): {x:.2} vs {y:.2} remote lines/op, {:.0}% fewer — the \
+             paper's 50% {} (remote lines written alone: {:.0}% fewer).",
+            if *op == W1Op::Upsert { "upsert" } else { "insert" },
+            cut * 100.0,
+            if *cut >= 0.5 { "holds" } else { "does not hold" },
+            wcut * 100.0
+        );
+    }
+    if let (Some(n), Some(f)) = (find("f3tree-n", W1Op::Upsert), find("fastfair", W1Op::Upsert)) {
+        let _ = writeln!(
+            md,
+            "- Write throughput (producers), F3-tree(N) vs FAST&FAIR: {:.2}x.",
+            f.producer_secs / n.producer_secs.max(1e-9)
+        );
+    }
+    md.push_str(
+        "\nWhat stays remote in the NUMA-aware variant: the evaluate threads' writes into the \
+         one global FAST&FAIR tree, whose nodes NSM places on the node of the thread that \
+         allocates them (the paper does not change F&F's allocation either, §4.2), and, with \
+         `insert`, the producers' lookups in that tree. NUMA awareness removes exactly the \
+         PTFO phases' remote lines; the tree phase is about half remote in every variant (a \
+         random key's leaf and path are on either node). Our accounting counts every line an \
+         operation touches — a FAST&FAIR write reads its whole root-to-leaf path, about 24 \
+         lines — with no CPU cache in front of PM, so the tree phase outweighs the PTFO \
+         phases (about 7 lines per write) and bounds the reduction to the PTFOs' share. The \
+         paper measured with hardware counters on a machine with an 80 MiB LLC, where the \
+         tree's hot upper levels are likely served from cache, which would give the PTFOs a \
+         larger share of the remote traffic.\n",
     );
     failures_md(&report, &mut md);
     Ok((md, report, Vec::new()))

@@ -287,6 +287,9 @@ pub struct Workload {
     /// run by time would measure misses once they are gone: such a workload always runs by
     /// operation count, also under `--duration` and `--budget`.
     pub consumes_keys: bool,
+    /// Inserts of fresh keys are issued as blind writes (`upsert`, which reports nothing), as
+    /// papers whose insert does not look for the key first measure them (papers/f3tree.txt W1).
+    pub blind_inserts: bool,
 }
 
 impl Workload {
@@ -303,7 +306,14 @@ impl Workload {
             default_keys: 100_000,
             default_ops: 200_000,
             consumes_keys: false,
+            blind_inserts: false,
         }
+    }
+
+    /// Issues the inserts of fresh keys as blind writes ([`Workload::blind_inserts`]).
+    pub fn with_blind_inserts(mut self) -> Workload {
+        self.blind_inserts = true;
+        self
     }
 
     /// Sets the distribution.
@@ -357,6 +367,9 @@ impl Workload {
         }
         if !self.preload {
             s += ", starts empty";
+        }
+        if self.blind_inserts {
+            s += ", inserts as blind upserts";
         }
         s
     }
@@ -429,6 +442,7 @@ pub struct OpStream {
     /// Operation number at which a fraction-based hotspot shift happens.
     shift_at: Option<u64>,
     issued: u64,
+    blind_inserts: bool,
 }
 
 impl OpStream {
@@ -482,6 +496,7 @@ impl OpStream {
             key_order: workload.key_order,
             shift_at,
             issued: 0,
+            blind_inserts: workload.blind_inserts,
         }
     }
 
@@ -515,6 +530,7 @@ impl OpStream {
         };
         let value = self.rng.gen::<u64>();
         let scan_len = if kind == OpKind::Scan { self.scan_len.draw(&mut self.rng) } else { 0 };
+        let kind = if kind == OpKind::Insert && self.blind_inserts { OpKind::Upsert } else { kind };
         Op { kind, key: self.key_order.key(index), value, scan_len }
     }
 }
@@ -559,5 +575,22 @@ mod tests {
         assert_eq!(kinds.iter().filter(|&&k| k == OpKind::Insert).count(), 8);
         assert_eq!(kinds.iter().filter(|&&k| k == OpKind::Remove).count(), 2);
         assert_eq!(space.count(), 108, "each insert claimed a fresh index");
+    }
+
+    #[test]
+    fn blind_inserts_write_fresh_keys_with_upsert() {
+        let w = Workload::new("w1", Mix::only(OpKind::Insert))
+            .with_dist(Dist::Uniform)
+            .with_preload(false)
+            .with_blind_inserts();
+        let proto = w.dist.chooser(0, 0, 1).unwrap();
+        let space = KeySpace::new(0);
+        let mut s = OpStream::new(&w, &proto, 0, 0, 1, 1, 0);
+        let ops: Vec<Op> = (0..50).map(|_| s.next_op(&space, false)).collect();
+        assert!(ops.iter().all(|o| o.kind == OpKind::Upsert));
+        let keys: std::collections::HashSet<u64> = ops.iter().map(|o| o.key).collect();
+        assert_eq!(keys.len(), 50, "every write got a fresh key");
+        assert_eq!(space.count(), 50);
+        assert!(w.describe().contains("blind"));
     }
 }

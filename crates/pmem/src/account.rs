@@ -528,6 +528,24 @@ pub fn op_end() {
     }
 }
 
+/// Closes the calling thread's current *segment* without counting an operation: its distinct
+/// lines are added to the thread's totals (so [`thread_stats`] deltas around it attribute them
+/// to a phase of an operation), and de-duplication starts afresh. A line touched again after
+/// the split counts again.
+#[inline]
+pub fn op_split() {
+    if !COMPILED {
+        return;
+    }
+    if FLAGS.load(Ordering::Relaxed) != 0 {
+        let _ = ACCT.try_with(|a| {
+            if let Ok(mut a) = a.try_borrow_mut() {
+                a.close(false)
+            }
+        });
+    }
+}
+
 /// Forgets the lines touched so far by the calling thread's open operation (e.g. set-up work
 /// that should not count), without counting an operation.
 pub fn op_discard() {

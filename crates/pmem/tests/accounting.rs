@@ -358,3 +358,21 @@ fn latency_emulation_charges_first_touches() {
     account::op_end();
     assert_eq!(ns, 0, "no latency model, yet reads were charged");
 }
+
+#[test]
+#[cfg_attr(not(feature = "accounting"), ignore = "accounting compiled out")]
+fn a_split_counts_the_lines_so_far_but_no_operation() {
+    let _s = serial(true);
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    account::op_discard();
+    let before = account::thread_stats();
+    pool.get::<PmU64>(p0).unwrap().load(Ordering::Acquire);
+    pool.get::<PmU64>(p1).unwrap().store(1, Ordering::Release);
+    account::op_split();
+    let first = account::thread_stats().since(&before);
+    assert_eq!(first, stats(0, 1, 0, 0, 1), "lines counted, no operation");
+    // After the split de-duplication starts afresh: the same line counts again.
+    pool.get::<PmU64>(p0).unwrap().load(Ordering::Acquire);
+    account::op_end();
+    assert_eq!(account::thread_stats().since(&before), stats(1, 2, 0, 0, 1));
+}

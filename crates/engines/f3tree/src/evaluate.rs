@@ -23,12 +23,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use numakv_fastfair::LeafCursor;
 use numakv_index::{Error, Index, Result};
 use numakv_numa as numa;
 use numakv_pmem::alloc::epoch;
 use numakv_pmem::PPtr;
 
 use crate::layout::{Fo, FoEntry, DEAD, ENGINE, TOMB, VERSION_MASK};
+use crate::phase::Phase;
 use crate::ptfo::{self, List};
 use crate::{Evaluation, Inner};
 
@@ -40,13 +42,32 @@ const KEY_BASED_ROUND: usize = 4096;
 pub(crate) fn spawn(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
     let nodes = inner.pool.nodes();
     let per = inner.opts.evaluators_per_node;
+    // NUMA-aware: each evaluator is pinned to a CPU of its node (the paper binds them with
+    // numactl); emulated nodes map onto the machine's CPUs. The non-NUMA variant's evaluate
+    // threads are not bound.
+    let topology =
+        if inner.opts.numa_aware { numa::Topology::with_nodes(nodes).ok() } else { None };
     let mut out = Vec::with_capacity(nodes * per);
     for node in 0..nodes {
         for j in 0..per {
             let me = Arc::clone(inner);
+            let cpu = topology
+                .as_ref()
+                .and_then(|t| t.node(node))
+                .filter(|n| !n.cpus.is_empty())
+                .map(|n| n.cpus[j % n.cpus.len()]);
             let h = std::thread::Builder::new()
                 .name(format!("f3-eval-{node}-{j}"))
-                .spawn(move || run(&me, node, j))
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        match numa::pin_current_thread(cpu) {
+                            Ok(()) => me.counters.evaluators_pinned.fetch_add(1, Ordering::Relaxed),
+                            // E.g. a CPU outside this process's cpuset: evaluate unpinned.
+                            Err(_) => me.counters.pin_failures.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                    run(&me, node, j)
+                })
                 .map_err(|e| Error::Unsupported(format!("cannot start an evaluate thread: {e}")));
             match h {
                 Ok(h) => out.push(h),
@@ -195,8 +216,22 @@ pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
         let key = |p: &PPtr| pool.get::<FoEntry>(*p).map_or(0, |e| e.key.load(Ordering::Relaxed));
         items.sort_by_cached_key(key);
     }
-    for &loc in &items {
-        apply(inner, loc)?;
+    inner.counters.phases.end(Phase::EvalPtfo);
+    match inner.opts.evaluation {
+        Evaluation::KeyBased => {
+            for &loc in &items {
+                apply(inner, loc, None)?;
+            }
+        }
+        Evaluation::NodeBatched { .. } => {
+            // Node-based: the sorted batch is written leaf by leaf — keys that fall into the
+            // leaf the previous key went to are written there without a new descent.
+            let mut cursor = inner.tree.leaf_cursor();
+            for &loc in &items {
+                apply(inner, loc, Some(&mut cursor))?;
+            }
+            inner.counters.leaf_reuses.fetch_add(cursor.hits(), Ordering::Relaxed);
+        }
     }
     let desc = inner.desc(l.slot)?;
     for &(fo, newer) in &passed {
@@ -204,6 +239,7 @@ pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
         l.fos.fetch_sub(1, Ordering::Relaxed);
         inner.counters.fos_freed.fetch_add(1, Ordering::Relaxed);
     }
+    inner.counters.phases.end(Phase::EvalPtfo);
     cur.fo = fo_p;
     cur.idx = idx;
     l.consumed.fetch_add(items.len() as u64, Ordering::Relaxed);
@@ -220,8 +256,9 @@ pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
     Ok((items.len(), retired))
 }
 
-/// Applies the entry at `loc` to the tree if it is still the latest of its key.
-fn apply(inner: &Inner, loc: PPtr) -> Result<()> {
+/// Applies the entry at `loc` to the tree if it is still the latest of its key (through the
+/// batch's leaf cursor when node-batched).
+fn apply(inner: &Inner, loc: PPtr, cursor: Option<&mut LeafCursor<'_>>) -> Result<()> {
     let pool = &inner.pool;
     let e = pool.get::<FoEntry>(loc)?;
     // ORDERING: Acquire; pairs with the Release of the meta word in `ptfo::append`.
@@ -231,18 +268,25 @@ fn apply(inner: &Inner, loc: PPtr) -> Result<()> {
         return Ok(());
     }
     let key = e.key.load(Ordering::Relaxed);
+    let value = e.value.load(Ordering::Relaxed);
     let version = meta & VERSION_MASK;
+    let phases = &inner.counters.phases;
+    phases.end(Phase::EvalPtfo);
     let mut shard = inner.table.lock(key);
     match shard.map.get(&key) {
         Some(p) if p.loc == loc && p.version == version => {
             if meta & TOMB != 0 {
                 inner.tree.remove(key)?;
+            } else if let Some(c) = cursor {
+                c.upsert(key, value)?;
             } else {
-                inner.tree.upsert(key, e.value.load(Ordering::Relaxed))?;
+                inner.tree.upsert(key, value)?;
             }
+            phases.end(Phase::EvalTree);
             // The tree write is durable (FAST&FAIR persists before returning); the entry must
             // not be replayed after a later version of the key is applied and its FO freed.
             ptfo::mark_dead(pool, loc)?;
+            phases.end(Phase::EvalPtfo);
             shard.map.remove(&key);
             inner.counters.applied.fetch_add(1, Ordering::Relaxed);
         }

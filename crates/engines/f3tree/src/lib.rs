@@ -9,7 +9,9 @@
 //! - [`evaluate`]: evaluate threads (key-based F3-K, node-based batched F3-N), thresholds, the
 //!   FO limit;
 //! - [`recovery`]: open — NSM GC over tree + FOs, replay of pre-crash entries by version;
-//! - [`check`]: the fsck; [`scan`]: range queries merging pending keys with the tree.
+//! - [`check`]: the fsck; [`scan`]: range queries merging pending keys with the tree;
+//! - [`phase`]: PM lines per phase (producer lookup / append, evaluator PTFO / tree), for the
+//!   NUMA analysis of Figs. 8-9.
 //!
 //! Design, crash states and resolved ambiguities: docs/design.md, section "F3-tree".
 //!
@@ -32,6 +34,7 @@ mod check;
 pub mod evaluate;
 pub mod layout;
 pub mod pending;
+pub mod phase;
 pub mod ptfo;
 mod recovery;
 mod scan;
@@ -52,6 +55,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::layout::{Desc, Directory, DIR_BYTES, DIR_SLOTS, ENGINE, MAX_FO_ENTRIES, TOMB};
 use crate::pending::{Pending, PendingTable};
+use crate::phase::{Phase, Phases};
 use crate::ptfo::List;
 
 /// Free pages per node below which producers get `OutOfSpace` (room kept for the tree).
@@ -177,6 +181,14 @@ pub(crate) struct Counters {
     pub fos_freed: AtomicU64,
     pub producer_waits: AtomicU64,
     pub eval_errors: AtomicU64,
+    /// Evaluate threads pinned to a CPU of their node (NUMA-aware), and pinning failures.
+    pub evaluators_pinned: AtomicU64,
+    pub pin_failures: AtomicU64,
+    /// Node-batched evaluation: entries written into the leaf of the previous entry without a
+    /// descent from the root.
+    pub leaf_reuses: AtomicU64,
+    /// PM lines per phase (while accounting is on).
+    pub phases: Phases,
 }
 
 /// What evaluate threads and operations share.
@@ -243,11 +255,7 @@ impl Inner {
         let slot = self.free_slots.lock().pop().ok_or_else(|| {
             Error::Unsupported(format!("more than {DIR_SLOTS} PTFO lists at once"))
         })?;
-        let fo_node = if self.opts.numa_aware {
-            node
-        } else {
-            (self.rr.fetch_add(1, Ordering::Relaxed) % self.pool.nodes() as u64) as usize
-        };
+        let fo_node = self.fo_node(node);
         let list = match ptfo::create_list(
             &self.pool,
             &self.nsm,
@@ -267,6 +275,18 @@ impl Inner {
         self.lists.write().push(Arc::clone(&list));
         let _ = cell.set(list);
         cell.get().ok_or_else(|| Error::corrupted(ENGINE, "list cell"))
+    }
+
+    /// The node of a new FO of a list on `node`: that node when NUMA-aware; the non-NUMA variant
+    /// interleaves FO by FO over all nodes (an FO of the default size is one 4 KiB page: what
+    /// `numactl --interleave` does page by page), whoever writes it.
+    fn fo_node(&self, node: usize) -> usize {
+        if self.opts.numa_aware {
+            node
+        } else {
+            // ORDERING: Relaxed; a round-robin counter.
+            (self.rr.fetch_add(1, Ordering::Relaxed) % self.pool.nodes() as u64) as usize
+        }
     }
 
     /// Fails with `OutOfSpace` when a node's page heap is down to [`HEADROOM_PAGES`] free
@@ -323,7 +343,13 @@ impl Inner {
             list.waiting.store(false, Ordering::Relaxed);
         }
         self.headroom()?;
-        ptfo::link_new_fo(&self.pool, &self.nsm, self.desc(list.slot)?, list)?;
+        ptfo::link_new_fo(
+            &self.pool,
+            &self.nsm,
+            self.desc(list.slot)?,
+            list,
+            self.fo_node(list.node),
+        )?;
         self.counters.fos_allocated.fetch_add(1, Ordering::Relaxed);
         Ok(0)
     }
@@ -332,11 +358,16 @@ impl Inner {
         check_key(key)?;
         let list = self.my_list()?;
         let idx = self.reserve(list)?;
+        self.counters.phases.end(Phase::ProducerPtfo);
         let mut shard = self.table.lock(key);
+        // A blind write (upsert) needs no current value: its entry supersedes whatever the key
+        // holds. The others decide their result from the logical value: table, else tree.
         let current = match shard.map.get(&key) {
+            _ if kind == Write::Upsert => None,
             Some(p) => p.value,
             None => self.tree.get(key)?,
         };
+        self.counters.phases.end(Phase::ProducerTree);
         let tomb = match kind {
             Write::Insert if current.is_some() => return Ok(false),
             Write::Update | Write::Remove if current.is_none() => return Ok(false),
@@ -351,6 +382,7 @@ impl Inner {
             ptfo::mark_dead(&self.pool, old.loc)?;
         }
         shard.map.insert(key, Pending { version, loc, value: (!tomb).then_some(value) });
+        self.counters.phases.end(Phase::ProducerPtfo);
         Ok(true)
     }
 
@@ -517,7 +549,15 @@ impl Index for F3Tree {
             ("fos_freed", get(&c.fos_freed)),
             ("producer_waits", get(&c.producer_waits)),
             ("eval_errors", get(&c.eval_errors)),
+            ("evaluators_pinned", get(&c.evaluators_pinned)),
+            ("leaf_reuses", get(&c.leaf_reuses)),
+            ("evaluator_pin_failures", get(&c.pin_failures)),
         ]);
+        for ph in Phase::ALL {
+            let (local, remote) = c.phases.lines(ph);
+            let (l, r) = PHASE_COUNTERS[ph as usize];
+            s.counters.extend([(l, local), (r, remote)]);
+        }
         s
     }
 
@@ -525,6 +565,14 @@ impl Index for F3Tree {
         check::check(&self.inner)
     }
 }
+
+/// Counter names of [`Phase::ALL`]: (local lines, remote lines).
+const PHASE_COUNTERS: [(&str, &str); 4] = [
+    ("pm_producer_tree_local", "pm_producer_tree_remote"),
+    ("pm_producer_ptfo_local", "pm_producer_ptfo_remote"),
+    ("pm_eval_ptfo_local", "pm_eval_ptfo_remote"),
+    ("pm_eval_tree_local", "pm_eval_tree_remote"),
+];
 
 /// Builds the engine state shared by create and open.
 #[allow(clippy::too_many_arguments)]

@@ -177,11 +177,12 @@ pub fn create_list(
     Ok(List::new(slot, node, false, cap, fo, fo, 0, 1, 0))
 }
 
-/// Links a new FO at the head of `list` (the producer's, whose head FO is full).
-pub fn link_new_fo(pool: &Pool, nsm: &Nsm, desc: &Desc, list: &List) -> Result<()> {
+/// Links a new FO, allocated on `node`, at the head of `list` (the producer's, whose head FO is
+/// full). `node` is the list's node when NUMA-aware; the non-NUMA variant interleaves.
+pub fn link_new_fo(pool: &Pool, nsm: &Nsm, desc: &Desc, list: &List, node: usize) -> Result<()> {
     let old = list.head();
     let old_fo = Fo::resolve(pool, old)?;
-    let new = alloc_fo(pool, nsm, list.node, list.cap, old, list.slot)?;
+    let new = alloc_fo(pool, nsm, node, list.cap, old, list.slot)?;
     // ORDERING: Release; pairs with the consumer's Acquire of `prev` (`Fo::prev`).
     old_fo.hdr.prev.store(new.raw(), Ordering::Release);
     // PERSIST: DLP 2 of Fig. 4b — the new FO is reachable from the tail by a backward walk.

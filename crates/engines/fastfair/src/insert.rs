@@ -175,6 +175,39 @@ impl FastFair {
     pub(crate) fn write(&self, key: u64, val: u64, kind: WriteKind) -> Result<bool> {
         let guard = epoch::pin();
         let g = self.lock_leaf(key, &guard)?;
+        self.write_locked(&g, key, val, kind, &guard)
+    }
+
+    /// Locks `leaf` if it is alive and covers `key` (`low ≤ key < high`, after repairing it);
+    /// `None` otherwise (the caller descends from the root). A live node's `low` never changes
+    /// (splits move the upper half to a new node, merges move the right node into the left),
+    /// so under its lock the range test is exactly what a descent would establish.
+    pub(crate) fn lock_if_covers<'a>(
+        &'a self,
+        leaf: Node<'a>,
+        key: u64,
+    ) -> Result<Option<WriteGuard<'a>>> {
+        // A look at the header first (one line, no lock, no repair): most misses end here.
+        if leaf.level() != 0 || leaf.is_dead() || !(leaf.low() <= key && key < leaf.high()) {
+            return Ok(None);
+        }
+        let g = WriteGuard::lock(leaf, self.generation);
+        if leaf.is_dead() {
+            return Ok(None);
+        }
+        self.repair_entries(&g)?;
+        Ok((leaf.low() <= key && key < leaf.high()).then_some(g))
+    }
+
+    /// The leaf write of `key` in the locked leaf `g`, which covers it.
+    pub(crate) fn write_locked(
+        &self,
+        g: &WriteGuard<'_>,
+        key: u64,
+        val: u64,
+        kind: WriteKind,
+        guard: &epoch::Guard,
+    ) -> Result<bool> {
         let node = g.node();
         let (used, at) = self.locate(node, key);
         match (at, kind) {
@@ -192,9 +225,69 @@ impl FastFair {
                 Ok(true)
             }
             (Err(_), _) => {
-                self.split_insert(&g, key, val, &guard)?;
+                self.split_insert(g, key, val, guard)?;
                 Ok(true)
             }
         }
+    }
+
+    /// A writer for a run of keys in ascending order (node-based batching, papers/f3tree.txt
+    /// F3-N): see [`LeafCursor`].
+    pub fn leaf_cursor(&self) -> LeafCursor<'_> {
+        LeafCursor { tree: self, guard: epoch::pin(), leaf: None, hits: 0, descents: 0 }
+    }
+}
+
+/// Writes keys starting from the leaf the previous write used, when that leaf still covers the
+/// key, instead of descending from the root: for a batch sorted by key, every run of keys that
+/// falls into one leaf costs one descent. Each write is exactly an [`Index::upsert`] otherwise —
+/// same leaf write path, same shifts, splits and persistence — so FAST&FAIR's crash states are
+/// unchanged; only how the leaf is found differs. Any key order is correct (a leaf that does not
+/// cover the key is passed over for a descent); ascending order is what makes the leaf reusable.
+///
+/// The cursor holds an epoch guard, so the remembered leaf's memory stays valid (a merge frees
+/// nodes only after the grace period); keep it for one batch, not for long.
+///
+/// [`Index::upsert`]: numakv_index::Index::upsert
+#[derive(Debug)]
+pub struct LeafCursor<'t> {
+    tree: &'t FastFair,
+    guard: epoch::Guard,
+    leaf: Option<numakv_pmem::PPtr>,
+    hits: u64,
+    descents: u64,
+}
+
+impl LeafCursor<'_> {
+    /// Inserts or overwrites `key` (as [`Index::upsert`](numakv_index::Index::upsert)).
+    pub fn upsert(&mut self, key: u64, val: u64) -> Result<()> {
+        numakv_index::check_key(key)?;
+        let tree = self.tree;
+        let held = match self.leaf {
+            Some(p) => tree.lock_if_covers(tree.node(p)?, key)?,
+            None => None,
+        };
+        let g = match held {
+            Some(g) => {
+                self.hits += 1;
+                g
+            }
+            None => {
+                self.descents += 1;
+                tree.lock_leaf(key, &self.guard)?
+            }
+        };
+        self.leaf = Some(g.node().ptr);
+        tree.write_locked(&g, key, val, WriteKind::Upsert, &self.guard).map(|_| ())
+    }
+
+    /// Writes that reused the previous leaf.
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// Writes that descended from the root.
+    pub fn descents(&self) -> u64 {
+        self.descents
     }
 }

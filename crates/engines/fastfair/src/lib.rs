@@ -45,6 +45,7 @@
 mod check;
 mod delete;
 mod insert;
+pub use insert::LeafCursor;
 pub mod layout;
 mod lock;
 mod recovery;
