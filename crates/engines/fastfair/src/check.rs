@@ -115,6 +115,13 @@ impl FastFair {
             }
             expected = Some(kids);
         }
+        // Nodes retired by the last merges are freed after their grace period (check runs
+        // quiescent, unpinned): let them settle before comparing.
+        numakv_pmem::alloc::settle_deferred_frees(
+            seen.len() as u64,
+            std::time::Duration::from_secs(5),
+            || self.nsm.allocated_blocks().len() as u64,
+        );
         let allocated = self.nsm.allocated_blocks();
         for p in &seen {
             if allocated.binary_search(p).is_err() {

@@ -23,6 +23,7 @@ use numakv_pmem::alloc::epoch;
 
 use crate::layout::{Node, END, ENGINE, HIDDEN};
 use crate::lock::WriteGuard;
+use crate::smo::NodeReserve;
 use crate::{FastFair, WriteKind};
 
 /// Flushes a node's lines in the order a shift dirties them: when the shift moves on to another
@@ -225,7 +226,8 @@ impl FastFair {
                 Ok(true)
             }
             (Err(_), _) => {
-                self.split_insert(g, key, val, guard)?;
+                let mut reserve = NodeReserve::for_split(self, node.level())?;
+                self.split_insert(g, key, val, guard, &mut reserve)?;
                 Ok(true)
             }
         }

@@ -45,7 +45,7 @@ use numakv_pmem::{PPtr, Pool};
 use crate::layout::{self, Node, END, ENGINE, HIDDEN, NODE_MAGIC};
 use crate::lock::WriteGuard;
 use crate::search::Read;
-use crate::smo::Reclaim;
+use crate::smo::{NodeReserve, Reclaim};
 use crate::{FastFair, FastFairOptions, RecoveryMode};
 
 /// A lock-free walk re-pins (at a locked live node) every this many nodes, so that one long
@@ -700,7 +700,9 @@ impl FastFair {
                     self.shift_insert(pn, pos, used, low, o.raw());
                     true
                 }
-                Err(_) => match self.split_insert(&pg, low, o.raw(), &guard) {
+                Err(_) => match NodeReserve::for_split(self, pn.level())
+                    .and_then(|mut r| self.split_insert(&pg, low, o.raw(), &guard, &mut r))
+                {
                     Err(e) if e.is_out_of_space() => false, // a later open links it
                     r => r.map(|()| true)?,
                 },
@@ -727,7 +729,12 @@ impl FastFair {
         let low = self.node(s)?.low();
         // With the old root locked, insert_separator installs the new root [root, (low → s)];
         // further nodes of this level become ordinary orphans.
-        match self.insert_separator(root.level() + 1, low, s, root_p, guard) {
+        let mut reserve = match NodeReserve::for_split(self, root.level()) {
+            Ok(r) => r,
+            Err(e) if e.is_out_of_space() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match self.insert_separator(root.level() + 1, low, s, root_p, guard, &mut reserve) {
             Ok(()) => {
                 self.counters.orphans_linked.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(true))

@@ -14,6 +14,12 @@
 //!    if A is the root: new root R = [leftmost A, (B.low → B)], persisted, then the root
 //!    slot switches to R in one 8-byte store, persisted
 //! ```
+//! **Reservation.** Before step 1 the split takes from NSM every node its cascade can need (one
+//! per level from A's up to the root, plus a new root: [`NodeReserve`]); out of space there
+//! refuses the insert with nothing changed. Unused nodes go straight back (never published).
+//! Only a root that grew meanwhile (a concurrent root split) can outrun the reservation; then
+//! step 5 allocates, and out of space leaves B linked through A.sibling only, as a crash would.
+//!
 //! A crash after 2 but before the parent insert leaves B reachable only via A.sibling: correct
 //! for readers (B-link); recovery inserts the missing separator. A crash between the sibling and
 //! high stores (same line: durable together or in order) leaves A.high > B.low: the repair sets
@@ -82,6 +88,46 @@ pub(crate) enum Reclaim<'g> {
     Later(&'g std::cell::RefCell<Vec<PPtr>>),
 }
 
+/// Node blocks taken from NSM for one split cascade before it changes anything (module docs,
+/// "Reservation"). Blocks not used are freed when it drops: nothing ever pointed to them.
+pub(crate) struct NodeReserve<'t> {
+    tree: &'t FastFair,
+    nodes: Vec<PPtr>,
+}
+
+impl<'t> NodeReserve<'t> {
+    /// Reserves what splitting a node at `level` can take: one node per level up to the
+    /// current root's, and a new root. `OutOfSpace` (nothing reserved) if NSM cannot.
+    pub(crate) fn for_split(tree: &'t FastFair, level: u32) -> Result<NodeReserve<'t>> {
+        let root_level = tree.node(tree.root()?)?.level();
+        let want = root_level.saturating_sub(level) as usize + 2;
+        let mut r = NodeReserve { tree, nodes: Vec::with_capacity(want) };
+        for _ in 0..want {
+            r.nodes.push(tree.alloc_node()?); // on error, drop frees what was taken
+        }
+        Ok(r)
+    }
+
+    /// A reserved node, or a fresh one if the root grew since the reservation.
+    fn take(&mut self) -> Result<PPtr> {
+        match self.nodes.pop() {
+            Some(p) => Ok(p),
+            None => self.tree.alloc_node(),
+        }
+    }
+}
+
+impl Drop for NodeReserve<'_> {
+    fn drop(&mut self) {
+        for p in self.nodes.drain(..) {
+            // SAFETY: `p` came from this tree's NSM and was never published (no pointer to it
+            // was stored anywhere), so no thread can reach it.
+            // A failure leaves the block allocated but unreachable: recovery's GC reclaims it.
+            let _ = unsafe { numakv_pmem::alloc::PmAllocator::free(&*self.tree.nsm, p) };
+        }
+    }
+}
+
 impl FastFair {
     /// A fresh node block (contents unspecified until [`FastFair::init_node`]).
     pub(crate) fn alloc_node(&self) -> Result<PPtr> {
@@ -137,6 +183,7 @@ impl FastFair {
         key: u64,
         val: u64,
         guard: &Guard,
+        reserve: &mut NodeReserve<'_>,
     ) -> Result<()> {
         let a = g.node();
         let level = a.level();
@@ -152,8 +199,8 @@ impl FastFair {
             (PPtr::from_raw(all[m].1), &all[m + 1..])
         };
 
-        // Step 1 (allocation first: out of space leaves A untouched).
-        let b = self.alloc_node()?;
+        // Step 1 (the cascade's nodes were reserved first: out of space left A untouched).
+        let b = reserve.take()?;
         self.init_node(b, level, leftmost, sep, a.high(), a.sibling(), right)?;
 
         // Step 2.
@@ -179,9 +226,10 @@ impl FastFair {
         }
         self.counters.splits.fetch_add(1, Ordering::Relaxed);
 
-        // Step 5. A failure here (out of space for a parent split) leaves B linked only through
-        // A.sibling, which every reader and writer follows; recovery adds the separator.
-        match self.insert_separator(level + 1, sep, b, a.ptr, guard) {
+        // Step 5. Out of space here (only if the root grew past the reservation) leaves B
+        // linked only through A.sibling, which every reader and writer follows; recovery adds
+        // the separator.
+        match self.insert_separator(level + 1, sep, b, a.ptr, guard, reserve) {
             Err(e) if e.is_out_of_space() => Ok(()),
             r => r,
         }
@@ -197,6 +245,7 @@ impl FastFair {
         child: PPtr,
         from: PPtr,
         guard: &Guard,
+        reserve: &mut NodeReserve<'_>,
     ) -> Result<()> {
         loop {
             let root_p = self.root()?;
@@ -211,7 +260,7 @@ impl FastFair {
                         let s = root.sibling();
                         if self.root()? == root_p && !s.is_null() {
                             let low = self.node(s)?.low();
-                            self.insert_separator(level, low, s, root_p, guard)?;
+                            self.insert_separator(level, low, s, root_p, guard, reserve)?;
                         }
                         drop(rg);
                     } else {
@@ -221,7 +270,7 @@ impl FastFair {
                 }
                 // A root switch (this, or a shrink) happens only under the lock of the current
                 // root, here `from`, held by the caller: the root cannot change under us.
-                let r = self.alloc_node()?;
+                let r = reserve.take()?;
                 self.init_node(r, level, from, 0, END, PPtr::NULL, &[(key, child.raw())])?;
                 let slot = self.root_slot(layout::SLOT_ROOT)?;
                 // ORDERING: Release; pairs with the Acquire in FastFair::root.
@@ -251,7 +300,7 @@ impl FastFair {
                     self.shift_insert(node, pos, used, key, child.raw());
                     Ok(())
                 }
-                Err(_) => self.split_insert(&pg, key, child.raw(), guard),
+                Err(_) => self.split_insert(&pg, key, child.raw(), guard, reserve),
             };
         }
     }
