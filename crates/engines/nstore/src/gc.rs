@@ -59,22 +59,43 @@ pub(crate) fn run(inner: &Inner, node: usize, idx: usize, per_node: usize) {
     }
 }
 
+/// Whether GC should reclaim `f` now: sealed, no reservation in flight, garbage share above
+/// the threshold, not taken by another pass.
+pub(crate) fn eligible(inner: &Inner, f: &LogFile) -> bool {
+    // ORDERING: Acquire on `sealed` and `pending`; pair with the Release stores in
+    // Nlog::reserve and Nlog::write: every reserved entry of the file is complete.
+    f.sealed.load(Ordering::Acquire)
+        && f.pending.load(Ordering::Acquire) == 0
+        && f.dead_share() > inner.opts.gc_threshold
+        && !f.claimed.load(Ordering::Acquire)
+}
+
 /// One pass over `node`'s files (those with `id % per_node == idx`); returns files reclaimed.
 pub(crate) fn collect(inner: &Inner, node: usize, idx: usize, per_node: usize) -> Result<u64> {
-    let threshold = inner.opts.gc_threshold;
     let mut reclaimed = 0;
     for f in inner.nlog.files_of(node) {
         if inner.stop.load(Ordering::Acquire) {
             break;
         }
-        // ORDERING: Acquire on `sealed` and `pending`; pair with the Release stores in
-        // Nlog::reserve and Nlog::write: every reserved entry of the file is complete.
-        let ready = f.info.id as usize % per_node.max(1) == idx
-            && f.sealed.load(Ordering::Acquire)
-            && f.pending.load(Ordering::Acquire) == 0
-            && f.dead_share() > threshold;
-        if ready && reclaim(inner, &f)? {
-            reclaimed += 1;
+        if f.info.id as usize % per_node.max(1) != idx || !eligible(inner, &f) {
+            continue;
+        }
+        // ORDERING: AcqRel; exactly one pass wins the file.
+        if f.claimed.swap(true, Ordering::AcqRel) {
+            continue;
+        }
+        inner.counters.gc_busy.fetch_add(1, Ordering::AcqRel);
+        let r = reclaim(inner, &f);
+        inner.counters.gc_busy.fetch_sub(1, Ordering::AcqRel);
+        match r {
+            Ok(true) => reclaimed += 1,
+            // Stopped early (shutdown): the file stays; the next session reclaims it.
+            Ok(false) => f.claimed.store(false, Ordering::Release),
+            Err(e) => {
+                // Every step is crash-safe on its own, so a later pass may retry the file.
+                f.claimed.store(false, Ordering::Release);
+                return Err(e);
+            }
         }
     }
     Ok(reclaimed)

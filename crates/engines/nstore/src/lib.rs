@@ -167,6 +167,8 @@ pub(crate) struct Counters {
     pub gc_rewritten: AtomicU64,
     pub gc_invalidated: AtomicU64,
     pub gc_errors: AtomicU64,
+    /// Reclaims in progress (for [`NStore::gc_quiesce`]).
+    pub gc_busy: AtomicU64,
     pub read_retries: AtomicU64,
 }
 
@@ -393,6 +395,31 @@ impl NStore {
         Ok(n)
     }
 
+    /// Drives GC until it has settled: runs passes from the calling thread (beside the GC
+    /// threads; a file is reclaimed by one pass only) until a pass reclaims nothing, no reclaim
+    /// is in progress and no file is eligible any more, then runs the deferred frees. Returns
+    /// whether it settled within `timeout`. For benchmarks that measure space after GC (Fig. 15).
+    pub fn gc_quiesce(&self, timeout: Duration) -> Result<bool> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let n = self.collect_garbage()?;
+            let inner = &self.inner;
+            // ORDERING: Acquire; pairs with the AcqRel decrement after a reclaim.
+            let idle = inner.counters.gc_busy.load(Ordering::Acquire) == 0
+                && !inner.nlog.all_files().iter().any(|f| gc::eligible(inner, f));
+            if n == 0 && idle {
+                epoch::pin().flush();
+                return Ok(true);
+            }
+            if t0.elapsed() >= timeout {
+                return Ok(false);
+            }
+            if n == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
     /// Whether the cache currently serves gets (the three signals of §III-B switch it).
     pub fn cache_enabled(&self) -> bool {
         self.inner.cache.as_ref().is_some_and(Cache::enabled)
@@ -451,18 +478,22 @@ impl Index for NStore {
         let inner = &self.inner;
         let pool = &inner.pool;
         let page = pool.page_size();
-        let pm_bytes_per_node = (0..pool.nodes())
-            .map(|n| {
-                pool.extents(n)
-                    .map(|x| {
-                        x.iter().filter(|e| e.owner == OWNER_ENGINE).map(|e| e.pages * page).sum()
-                    })
-                    .unwrap_or(0)
-            })
-            .collect();
+        // PM in use (papers/nstore.txt §V-F's space figures): per node its meta page and, per
+        // log file in the file table, the header and the entries written so far. The unwritten
+        // tail of an active file is reserved but untouched (the node file is sparse), so it is
+        // not counted; it is reported as `pm_reserved_bytes`. (docs/design.md, "NStore", Space.)
+        let mut pm_bytes_per_node = vec![page; pool.nodes()];
+        let mut reserved = page * pool.nodes() as u64;
+        for f in inner.nlog.all_files() {
+            if let Some(b) = pm_bytes_per_node.get_mut(f.info.node) {
+                *b += f.used_bytes();
+            }
+            reserved += f.info.size;
+        }
         let c = &inner.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut counters = vec![
+            ("pm_reserved_bytes", reserved),
             ("files_created", get(&inner.nlog.files_created)),
             ("gc_files_reclaimed", get(&c.gc_files)),
             ("gc_entries_rewritten", get(&c.gc_rewritten)),

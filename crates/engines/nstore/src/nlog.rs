@@ -37,6 +37,9 @@ pub(crate) struct LogFile {
     pub sealed: AtomicBool,
     /// Entries known to be garbage: superseded, deleted, or delete entries themselves.
     pub dead: AtomicU32,
+    /// Taken by the GC pass that reclaims the file, so that two passes (a GC thread and
+    /// [`crate::NStore::collect_garbage`]) never reclaim — and free — the same file twice.
+    pub claimed: AtomicBool,
 }
 
 impl LogFile {
@@ -49,6 +52,7 @@ impl LogFile {
             pending: AtomicU32::new(0),
             sealed: AtomicBool::new(sealed),
             dead: AtomicU32::new(0),
+            claimed: AtomicBool::new(false),
         }
     }
 
@@ -63,6 +67,11 @@ impl LogFile {
     pub(crate) fn vaddr(&self, slot: u32) -> VAddr {
         // Every field was range-checked when the file was created or validated at open.
         VAddr::new(self.info.node, self.info.id, slot, ENTRY_WORDS).unwrap_or(VAddr(0))
+    }
+
+    /// Bytes of the file in use: the header and the slots reserved so far.
+    pub(crate) fn used_bytes(&self) -> u64 {
+        FILE_HEADER + u64::from(self.tail.load(Ordering::Acquire)) * ENTRY_SIZE
     }
 
     /// Share of the written entries that are garbage.
