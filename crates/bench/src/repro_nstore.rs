@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use numakv::EngineKind;
 use numakv_index::{Engine, Index};
 use numakv_nstore::{CacheMode, NStore, NStoreOptions};
-use numakv_pmem::{LatencyModel, Pool, PoolConfig};
+use numakv_pmem::{account, LatencyModel, Pool, PoolConfig};
 
 use crate::dist::Dist;
 use crate::engines::EngineTarget;
@@ -113,8 +113,175 @@ pub fn raf(
          each item's local/remote mix is the same in expectation, so the two policies rank items \
          alike up to sampling noise.\n",
     );
+    // The per-node skewed run: where RAF and LFU rank items differently.
+    let skew_keys = keys / 4 * 4;
+    let skew_ops = ops / 4;
+    let mut rows = Vec::new();
+    for mode in [CacheMode::Raf, CacheMode::Lfu, CacheMode::Off] {
+        rows.push(raf_skewed_row(
+            opts,
+            mode,
+            skew_keys,
+            cache.parse().unwrap_or(4096),
+            skew_ops,
+            skew_ops,
+        )?);
+    }
+    let _ = writeln!(
+        md,
+        "\n## Per-node skew (where the weighting matters)\n\n\
+         {skew_keys} keys loaded by 2 threads, key index `i` on node `i % 2`; 4 threads, thread \
+         `t` on node `t % 2`, each reading its own quarter of the keys at Zipfian θ = 0.99 \
+         (scrambled): threads 0 and 1 a quarter stored on the *other* node, threads 2 and 3 one \
+         stored on their own node — two remote and two local hot sets of equal popularity. \
+         {skew_ops} warm-up gets per thread, then {skew_ops} measured gets per thread; optane \
+         latency model; same cache size. Equation 1 gives a remote access weight \
+         181/113 = 1.6, so RAF keeps the remote sets' items over local items of equal frequency; \
+         LFU cannot tell them apart.\n\n\
+         | cache | Mops/s | PM reads/op | remote PM reads/op | local PM reads/op | cache hit ratio | \
+         switched off | enabled at end |\n|---|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for r in &rows {
+        let probes = r.hits + r.misses;
+        let _ = writeln!(
+            md,
+            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} |",
+            r.mode,
+            r.mops,
+            r.reads,
+            r.remote,
+            r.reads - r.remote,
+            if probes == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}%", r.hits as f64 * 100.0 / probes as f64)
+            },
+            r.switched_off,
+            r.enabled
+        );
+    }
+    if let [raf, lfu, off] = &rows[..] {
+        let _ = writeln!(
+            md,
+            "\nRemote PM reads/op: RAF / LFU = {:.2}, RAF / none = {:.2}; throughput: RAF / LFU = \
+             {:.2}, RAF / none = {:.2}.",
+            raf.remote / lfu.remote.max(1e-9),
+            raf.remote / off.remote.max(1e-9),
+            raf.mops / lfu.mops.max(1e-9),
+            raf.mops / off.mops.max(1e-9)
+        );
+    }
     failures_md(&report, &mut md);
     Ok((md, report, Vec::new()))
+}
+
+/// One cache policy's row of the per-node skewed run of `nstore-raf`.
+struct RafRow {
+    mode: CacheMode,
+    mops: f64,
+    reads: f64,
+    remote: f64,
+    hits: u64,
+    misses: u64,
+    switched_off: u64,
+    enabled: bool,
+}
+
+/// Which key set (`key index % 4`) thread `t` reads: threads 0 and 1 (nodes 0 and 1) read a set
+/// owned by the other node, threads 2 and 3 a set owned by their own node.
+const SKEW_SETS: [u64; 4] = [1, 0, 2, 3];
+
+/// The per-node skewed get run of `nstore-raf` for one cache policy: keys loaded so that key
+/// index `i` lives on node `i % 2`; 4 threads, thread `t` on node `t % 2` reading its own set
+/// `SKEW_SETS[t]` at Zipfian 0.99 — two remote hot sets and two local ones of the same
+/// popularity. `warm` gets per thread fill the cache before `ops` measured ones.
+fn raf_skewed_row(
+    opts: &ReproOptions,
+    mode: CacheMode,
+    keys: u64,
+    cache_bytes: u64,
+    warm: u64,
+    ops: u64,
+) -> Result<RafRow> {
+    use rand::SeedableRng;
+    const THREADS: usize = 4;
+    const NODES: usize = 2;
+    let nopts = NStoreOptions {
+        cache: mode,
+        cache_bytes,
+        raf_latency: Some(LatencyModel::OPTANE),
+        ..NStoreOptions::default()
+    };
+    // 256 clusters × 8 MiB files per node, sparse: only written pages use memory.
+    let cap = (4u64 << 30) + keys * 100;
+    let (store, _dir) = scratch_store(opts, NODES, cap, numakv_pmem::DEFAULT_PAGE_SIZE, &nopts)?;
+    load(&store, keys, NODES)?;
+    let per_set = keys / 4;
+    let zipf = crate::dist::Zipfian::new(per_set, 0.99)?;
+    let barrier = std::sync::Barrier::new(THREADS + 1);
+    let seed = opts.seed;
+    account::set_latency(LatencyModel::OPTANE);
+    account::set_enabled(true);
+    let (stats, secs) = std::thread::scope(|s| {
+        let (store, zipf, barrier) = (&store, &zipf, &barrier);
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                s.spawn(move || -> Result<account::AccessStats> {
+                    numakv_numa::set_current_node(t % NODES);
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed_of(seed, t));
+                    let set = SKEW_SETS[t];
+                    let mut get = || -> Result<()> {
+                        let r = crate::dist::fnv_hash64(zipf.sample(&mut rng)) % per_set;
+                        let i = set + 4 * r;
+                        if store.get(i + 1).map_err(nerr)? != Some(i) {
+                            return Err(nerr(format!("key {} lost its value", i + 1)));
+                        }
+                        account::op_end();
+                        Ok(())
+                    };
+                    for _ in 0..warm {
+                        get()?;
+                    }
+                    barrier.wait();
+                    let before = account::thread_stats();
+                    for _ in 0..ops {
+                        get()?;
+                    }
+                    let d = account::thread_stats().since(&before);
+                    barrier.wait();
+                    Ok(d)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        barrier.wait();
+        let secs = t0.elapsed().as_secs_f64();
+        let stats = hs
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(panicked())))
+            .collect::<Result<Vec<_>>>();
+        (stats, secs)
+    });
+    account::set_enabled(false);
+    account::set_latency(LatencyModel::NONE);
+    let stats = stats?;
+    let total = |f: fn(&account::AccessStats) -> u64| stats.iter().map(f).sum::<u64>();
+    let n = total(|a| a.ops).max(1) as f64;
+    let st = store.stats();
+    let c = |name: &str| st.counter(name).unwrap_or(0);
+    let row = RafRow {
+        mode,
+        mops: (ops * THREADS as u64) as f64 / secs / 1e6,
+        reads: total(|a| a.reads_local + a.reads_remote) as f64 / n,
+        remote: total(|a| a.reads_remote) as f64 / n,
+        hits: c("cache_hits"),
+        misses: c("cache_misses"),
+        switched_off: c("cache_switched_off"),
+        enabled: store.cache_enabled(),
+    };
+    store.close().map_err(nerr)?;
+    Ok(row)
 }
 
 /// `nstore-recovery` — Fig. 16: recovery time by key count and recovery threads.
