@@ -1,7 +1,8 @@
 //! `check()`: the structural fsck of NStore (run while nothing mutates the store).
 //!
-//! - every key of the volatile index names a valid `ins`/`upd` entry of its own key in an
-//!   existing file, within the file's written slots;
+//! - every key of the volatile index (u64 keys and variable-length keys) names a valid
+//!   `ins`/`upd` entry of its own key in an existing file of its kind, within the file's
+//!   written slots;
 //! - every file's header is valid and names its node; every file is in the table of its node;
 //! - the PM the engine owns (page-heap extents with `OWNER_ENGINE`) is exactly the node meta
 //!   pages plus the files of the table: no leak, nothing reachable that is not allocated. (During
@@ -24,8 +25,10 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
         let Some(f) = inner.nlog.file(va.node(), va.file()) else {
             return Err(layout::corrupted(format!("key {key}: address {:#x} names no file", va.0)));
         };
-        if va.slot() >= f.tail.load(Ordering::Acquire) {
-            return Err(layout::corrupted(format!("key {key}: slot beyond its file's tail")));
+        if f.info.var || va.slot() >= f.tail.load(Ordering::Acquire) {
+            return Err(layout::corrupted(format!(
+                "key {key}: slot beyond its file's tail or in a variable-length file"
+            )));
         }
         let e = f.entry(pool, va.slot())?;
         match layout::read_entry(e, f.info.id) {
@@ -34,6 +37,29 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
                 return Err(layout::corrupted(format!(
                     "key {key}: current entry {:#x} is {other:?}",
                     va.0
+                )))
+            }
+        }
+    }
+    let bytes_pairs = inner.bindex.pairs();
+    for (key, va) in &bytes_pairs {
+        let Some(f) = inner.nlog.file(va.node(), va.file()) else {
+            return Err(layout::corrupted(format!("bytes key: address {:#x} names no file", va.0)));
+        };
+        if !f.info.var || va.slot() + va.words() > f.tail.load(Ordering::Acquire) {
+            return Err(layout::corrupted(format!(
+                "bytes key: address {:#x} outside its file's entries",
+                va.0
+            )));
+        }
+        let e = f.var_entry(pool, va.slot(), va.words())?;
+        match e.read(f.info.id) {
+            Some((Op::Ins | Op::Upd, k, _)) if &k == key => {}
+            other => {
+                return Err(layout::corrupted(format!(
+                    "bytes key: current entry {:#x} is {:?}",
+                    va.0,
+                    other.map(|o| o.0)
                 )))
             }
         }
@@ -72,7 +98,7 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
         )));
     }
     Ok(CheckReport {
-        entries: pairs.len() as u64,
+        entries: (pairs.len() + bytes_pairs.len()) as u64,
         reachable_blocks: files.len() as u64 + metas,
         allocated_blocks: allocated,
     })
