@@ -457,7 +457,7 @@ fn load(store: &NStore, keys: u64, nodes: usize) -> Result<()> {
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
+        hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(panicked())))
     })
 }
 
@@ -506,7 +506,7 @@ fn gc_row(opts: &ReproOptions, threshold: f64, keys: u64, ops: u64) -> Result<Gc
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect::<Result<()>>()
+        hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(panicked())))
     })?;
     let secs = t0.elapsed().as_secs_f64();
     let pm_end = store.stats().pm_bytes();

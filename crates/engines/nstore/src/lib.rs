@@ -2,7 +2,9 @@
 //!
 //! - **Nlog** ([`nlog`](crate::nlog)): per NUMA node and per hash cluster an active log file in
 //!   that node's pool; every put, update and delete appends one entry to the active file of its
-//!   cluster on the writer's own node — one local PM write, no remote PM write.
+//!   cluster on the writer's own node — one local PM write, no remote PM write. Besides the
+//!   u64 keys of the [`Index`] API, [`NStore::put_bytes`] / [`NStore::get_bytes`] store
+//!   variable-length keys and values (the `k_len`/`v_len` entry format).
 //! - **Volatile index** ([`vindex`]): key → packed entry address in DRAM, behind the
 //!   [`VolatileIndex`] trait (scc's `TreeIndex` here; a learned index can be added).
 //! - **RAF cache** ([`cache`](crate::cache)): a DRAM hash cache whose replacement weighs each
