@@ -251,3 +251,81 @@ fn power_failure_during_variable_length_writes_and_gc() {
     }
     assert!(inside[0] + inside[1] > 0, "no crash landed inside the writes or GC: {inside:?}");
 }
+
+#[test]
+fn background_gc_races_variable_length_writers_and_readers() {
+    const MAX_ROUNDS: u64 = 400;
+    let n = 600 * scale();
+    let o = numakv_nstore::NStoreOptions {
+        gc_threads_per_node: 1,
+        gc_threshold: 0.3,
+        gc_interval: std::time::Duration::from_millis(1),
+        ..common::opts()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = common::create(dir.path(), PersistMode::Eadr, SimMode::Direct, &o);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let models: Vec<Model> = std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for i in (1..=2 * n).step_by(7) {
+                    // Every value read is one that was written for key i, whole.
+                    if let Some(v) = s.get_bytes(&key(i)).unwrap() {
+                        let ok = (0..MAX_ROUNDS).any(|round| {
+                            let len = ((i + round * 37) % 200) as usize;
+                            v.len() == len
+                                && v.iter().enumerate().all(|(j, &b)| {
+                                    b == (i as usize * 31 + round as usize * 7 + j) as u8
+                                })
+                        });
+                        assert!(ok, "key {i}: a value never written for it: {v:?}");
+                        reads += 1;
+                    }
+                }
+            }
+            reads
+        });
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let s = &s;
+                sc.spawn(move || {
+                    numakv_numa::set_current_node(t as usize);
+                    let mut model = Model::new();
+                    // At least 6 rounds, and on until GC has reclaimed a file meanwhile.
+                    for round in 0..MAX_ROUNDS {
+                        let reclaimed = s.stats().counter("gc_files_reclaimed").unwrap_or(0);
+                        if round >= 6 && reclaimed > 0 {
+                            break;
+                        }
+                        for i in (1 + t * n..=(t + 1) * n).filter(|i| i % 3 != round % 3) {
+                            let v = value(i, round, ((i + round * 37) % 200) as usize);
+                            s.put_bytes(&key(i), &v).unwrap();
+                            model.insert(key(i), v);
+                        }
+                        for i in (1 + t * n..=(t + 1) * n).step_by(11 + round as usize) {
+                            if s.delete_bytes(&key(i)).unwrap() {
+                                model.remove(&key(i));
+                            }
+                        }
+                    }
+                    model
+                })
+            })
+            .collect();
+        let models = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        models
+    });
+    let model: Model = models.into_iter().flatten().collect();
+    let st = s.stats();
+    assert!(st.counter("gc_files_reclaimed").unwrap_or(0) > 0, "GC never ran: {st:?}");
+    for i in 1..=2 * n {
+        assert_eq!(s.get_bytes(&key(i)).unwrap().as_ref(), model.get(&key(i)), "key {i}");
+    }
+    assert!(s.gc_quiesce(std::time::Duration::from_secs(30)).unwrap());
+    let r = s.check().unwrap();
+    assert_eq!(r.entries, model.len() as u64);
+    assert_eq!(s.bytes_len(), model.len());
+}
