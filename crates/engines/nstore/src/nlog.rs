@@ -450,6 +450,10 @@ impl Nlog {
             self.pool.persist_obj(&e.head.meta);
             Ok(f.var_vaddr(off, words))
         });
+        if result.is_err() {
+            // The words stay unwritten: garbage of their file (as recovery would count them).
+            f.dead.fetch_add(words, Ordering::Relaxed);
+        }
         // ORDERING: Release; as in `write`.
         f.pending.fetch_sub(1, Ordering::Release);
         result
@@ -488,6 +492,10 @@ impl Nlog {
             self.pool.persist_obj(&e.meta);
             f.vaddr(slot)
         });
+        if result.is_err() {
+            // The slot stays unwritten: garbage of its file (as recovery would count it).
+            f.dead.fetch_add(1, Ordering::Relaxed);
+        }
         // ORDERING: Release; pairs with GC's Acquire load: a file with no pending writer has
         // every reserved entry complete.
         f.pending.fetch_sub(1, Ordering::Release);
