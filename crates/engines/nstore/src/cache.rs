@@ -16,9 +16,11 @@
 //! - **Switching** (§III-B, three signals): per window of sampled operations, the cache is turned
 //!   off when (1) fewer than 10 % of the window's gets hit it, (2) the hits are spread over items
 //!   of similar TF (no item is markedly hotter than its admission weight), or (3) gets are fewer
-//!   than 10 % of all operations. While off it is empty and not consulted; it is turned on again
-//!   when a window's gets are back above 10 % of the operations, and judged again after a warm-up
-//!   window.
+//!   than 10 % of all operations. While off it is empty and not consulted. Switched off for (3),
+//!   it is turned on again by the first window whose gets are back above 10 % of the operations;
+//!   switched off for (1) or (2), it is retried after `backoff` read-heavy windows (1, doubling
+//!   on every retry judged uniform again, at most [`MAX_BACKOFF`]; reset once a judged window
+//!   keeps it on). Every time it is turned on it is judged again after a warm-up window.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -38,6 +40,12 @@ pub const TF_MAX: u32 = 1 << 20;
 const WINDOW: u64 = 1024;
 /// A hit on an item with at least this TF counts as a "hot" hit (signal 2).
 const HOT_TF: u32 = 4 * UNIT;
+/// Off because gets were under 10 % of the operations (signal 3, write-intensive).
+const OFF_WRITES: u32 = 1;
+/// Off because the gets looked uniform (signal 1 or 2).
+const OFF_UNIFORM: u32 = 2;
+/// Most read-heavy windows a uniform switch-off waits before retrying the cache.
+pub const MAX_BACKOFF: u32 = 64;
 
 /// Which cache sits in front of the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -119,6 +127,14 @@ pub(crate) struct Cache {
     enabled: AtomicBool,
     /// Windows since the cache was last switched on (judged from 1 on).
     warm: AtomicU32,
+    /// Why it is off: [`OFF_WRITES`] or [`OFF_UNIFORM`] (0 while on).
+    off_reason: AtomicU32,
+    /// Read-heavy windows seen since a uniform switch-off.
+    off_windows: AtomicU32,
+    /// Read-heavy windows to wait after a uniform switch-off before trying the cache again;
+    /// doubles (up to [`MAX_BACKOFF`]) each time a retry is judged uniform again, back to 1
+    /// once a judged window keeps the cache on.
+    backoff: AtomicU32,
     win_ops: AtomicU64,
     win_gets: AtomicU64,
     win_hits: AtomicU64,
@@ -157,6 +173,9 @@ impl Cache {
             sample: opts.cache_sample,
             enabled: AtomicBool::new(true),
             warm: AtomicU32::new(0),
+            off_reason: AtomicU32::new(0),
+            off_windows: AtomicU32::new(0),
+            backoff: AtomicU32::new(1),
             win_ops: AtomicU64::new(0),
             win_gets: AtomicU64::new(0),
             win_hits: AtomicU64::new(0),
@@ -317,11 +336,32 @@ impl Cache {
             let warm = self.warm.fetch_add(1, Ordering::Relaxed) >= 1;
             let low_hits = gets > 0 && hits * 10 < gets; // signal 1
             let flat = hits > 0 && hot * 10 < hits; // signal 2
-            if !read_heavy || (warm && (low_hits || flat)) {
+            if !read_heavy {
+                self.off_reason.store(OFF_WRITES, Ordering::Relaxed);
                 self.switch(false);
+            } else if warm && (low_hits || flat) {
+                self.off_reason.store(OFF_UNIFORM, Ordering::Relaxed);
+                self.off_windows.store(0, Ordering::Relaxed);
+                self.switch(false);
+            } else if warm {
+                self.backoff.store(1, Ordering::Relaxed);
             }
         } else if read_heavy {
-            self.switch(true);
+            if self.off_reason.load(Ordering::Relaxed) == OFF_WRITES {
+                self.switch(true);
+            } else {
+                // Uniform: the gets are still there, but caching did not pay. Retry after a
+                // growing number of windows, so that a workload that turns skewed gets its
+                // cache back while a uniform one pays for one judged window in `backoff`.
+                let waited = self.off_windows.fetch_add(1, Ordering::Relaxed) + 1;
+                let backoff = self.backoff.load(Ordering::Relaxed);
+                if waited >= backoff {
+                    self.backoff.store((backoff * 2).min(MAX_BACKOFF), Ordering::Relaxed);
+                    self.switch(true);
+                }
+            }
+        } else {
+            self.off_reason.store(OFF_WRITES, Ordering::Relaxed);
         }
     }
 
@@ -331,6 +371,7 @@ impl Cache {
         }
         if on {
             self.warm.store(0, Ordering::Relaxed);
+            self.off_reason.store(0, Ordering::Relaxed);
             self.switches_on.fetch_add(1, Ordering::Relaxed);
         } else {
             self.switches_off.fetch_add(1, Ordering::Relaxed);
@@ -452,11 +493,84 @@ mod tests {
         assert_eq!(s[i].tf, TF_MAX / 2 + UNIT);
     }
 
+    /// Drives `c` (sampling every get) with gets of keys from `key`, admitting every miss.
+    fn gets(c: &Cache, n: u64, mut key: impl FnMut(u64) -> u64) {
+        for i in 0..n {
+            let k = key(i);
+            if let Probe::Miss { epoch, admit: true } = c.probe(k, 0) {
+                c.admit(k, k, 1, 0, epoch);
+            }
+        }
+    }
+
+    #[test]
+    fn uniform_gets_switch_it_off_signal_1_and_skew_brings_it_back() {
+        let c = cache(CacheMode::Raf, 1);
+        // Signal 1: every get a different key, so no get hits.
+        let mut next = 1u64 << 32;
+        gets(&c, 2 * WINDOW, |_| {
+            next += 1;
+            next
+        });
+        assert!(!c.enabled(), "a window without hits leaves the cache on");
+        assert_eq!(c.off_reason.load(Ordering::Relaxed), OFF_UNIFORM);
+        assert_eq!(c.items(), 0, "switched off, the cache is emptied");
+        // Still uniform: the cache stays off until the back-off expires, then retries once
+        // (and is judged uniform again, doubling the back-off).
+        gets(&c, WINDOW, |_| {
+            next += 1;
+            next
+        });
+        let retries = c.switches_on.load(Ordering::Relaxed);
+        gets(&c, 8 * WINDOW, |_| {
+            next += 1;
+            next
+        });
+        assert!(c.backoff.load(Ordering::Relaxed) > 1, "repeated uniform retries back off");
+        assert!(c.switches_on.load(Ordering::Relaxed) - retries <= 3);
+        // Skewed gets (a few hot keys): the next retry keeps it on.
+        gets(&c, 200 * WINDOW, |i| 1 + i % 64);
+        assert!(c.enabled(), "a skewed read workload brings the cache back");
+        assert_eq!(c.backoff.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn hits_on_cold_items_only_switch_it_off_signal_2() {
+        let c = cache(CacheMode::Raf, 1);
+        // Every key read exactly twice in a row: half the gets hit (signal 1 stays quiet), but
+        // every hit is on an item of admission TF — no item is hotter than another.
+        gets(&c, 2 * WINDOW, |i| (1 << 40) + i / 2);
+        assert!(c.hits.load(Ordering::Relaxed) * 10 >= c.misses.load(Ordering::Relaxed));
+        assert!(!c.enabled(), "flat TFs leave the cache on");
+        assert_eq!(c.off_reason.load(Ordering::Relaxed), OFF_UNIFORM);
+        // Retried after the back-off, it is judged flat again.
+        gets(&c, 8 * WINDOW, |i| (1 << 41) + i / 2);
+        assert!(c.switches_off.load(Ordering::Relaxed) >= 2);
+    }
+
+    #[test]
+    fn skewed_gets_keep_it_on() {
+        let c = cache(CacheMode::Raf, 1);
+        gets(&c, 20 * WINDOW, |i| 1 + (i * 7) % 32);
+        assert!(c.enabled());
+        assert_eq!(c.switches_off.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn write_intensive_windows_switch_it_off_and_gets_back_on() {
         let c = cache(CacheMode::Raf, 1);
         for _ in 0..WINDOW {
             c.tick_write();
+        }
+        assert!(!c.enabled());
+        assert_eq!(c.off_reason.load(Ordering::Relaxed), OFF_WRITES);
+        // Mixed but still under 10 % gets: stays off.
+        for i in 0..2 * WINDOW {
+            if i % 20 == 0 {
+                let _ = c.probe(i + 1, 0);
+            } else {
+                c.tick_write();
+            }
         }
         assert!(!c.enabled());
         for k in 0..WINDOW {

@@ -1,8 +1,11 @@
 //! `check()`: the structural fsck of NStore (run while nothing mutates the store).
 //!
-//! - every key of the volatile index names a valid `ins`/`upd` entry of its own key in an
-//!   existing file, within the file's written slots;
+//! - every key of the volatile index (u64 keys and variable-length keys) names a valid
+//!   `ins`/`upd` entry of its own key in an existing file of its kind, within the file's
+//!   written slots;
 //! - every file's header is valid and names its node; every file is in the table of its node;
+//! - garbage accounting: each file's garbage count plus its live entries (words, for a
+//!   variable-length file) is exactly what was reserved in it (when no GC reclaim overlaps);
 //! - the PM the engine owns (page-heap extents with `OWNER_ENGINE`) is exactly the node meta
 //!   pages plus the files of the table: no leak, nothing reachable that is not allocated. (During
 //!   a run a reclaimed file may still await its epoch grace period.)
@@ -18,14 +21,19 @@ use crate::Inner;
 pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
     let _guard = epoch::pin();
     let pool = &inner.pool;
+    // ORDERING: Acquire; pairs with the AcqRel updates around a reclaim (see `accounting`).
+    let busy_before = inner.counters.gc_busy.load(Ordering::Acquire);
+    let reclaimed_before = inner.counters.gc_files.load(Ordering::Acquire);
     let mut pairs = Vec::new();
     inner.index.scan(1, usize::MAX, &mut pairs);
     for &(key, va) in &pairs {
         let Some(f) = inner.nlog.file(va.node(), va.file()) else {
             return Err(layout::corrupted(format!("key {key}: address {:#x} names no file", va.0)));
         };
-        if va.slot() >= f.tail.load(Ordering::Acquire) {
-            return Err(layout::corrupted(format!("key {key}: slot beyond its file's tail")));
+        if f.info.var || va.slot() >= f.tail.load(Ordering::Acquire) {
+            return Err(layout::corrupted(format!(
+                "key {key}: slot beyond its file's tail or in a variable-length file"
+            )));
         }
         let e = f.entry(pool, va.slot())?;
         match layout::read_entry(e, f.info.id) {
@@ -38,6 +46,29 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
             }
         }
     }
+    let bytes_pairs = inner.bindex.pairs();
+    for (key, va) in &bytes_pairs {
+        let Some(f) = inner.nlog.file(va.node(), va.file()) else {
+            return Err(layout::corrupted(format!("bytes key: address {:#x} names no file", va.0)));
+        };
+        if !f.info.var || va.slot() + va.words() > f.tail.load(Ordering::Acquire) {
+            return Err(layout::corrupted(format!(
+                "bytes key: address {:#x} outside its file's entries",
+                va.0
+            )));
+        }
+        let e = f.var_entry(pool, va.slot(), va.words())?;
+        match e.read(f.info.id) {
+            Some((Op::Ins | Op::Upd, k, _)) if &k == key => {}
+            other => {
+                return Err(layout::corrupted(format!(
+                    "bytes key: current entry {:#x} is {:?}",
+                    va.0,
+                    other.map(|o| o.0)
+                )))
+            }
+        }
+    }
     let files = inner.nlog.all_files();
     for f in &files {
         let h: &FileHeader = pool.get(f.base)?;
@@ -46,6 +77,11 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
         if info != f.info {
             return Err(layout::corrupted(format!("file {}: header changed", f.info.id)));
         }
+    }
+    let busy_after = inner.counters.gc_busy.load(Ordering::Acquire);
+    let reclaimed_after = inner.counters.gc_files.load(Ordering::Acquire);
+    if busy_before == 0 && busy_after == 0 && reclaimed_before == reclaimed_after {
+        accounting(&files, &pairs, &bytes_pairs)?;
     }
     let mut allocated = 0u64;
     let mut metas = 0u64;
@@ -72,8 +108,35 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
         )));
     }
     Ok(CheckReport {
-        entries: pairs.len() as u64,
+        entries: (pairs.len() + bytes_pairs.len()) as u64,
         reachable_blocks: files.len() as u64 + metas,
         allocated_blocks: allocated,
     })
+}
+
+/// Garbage accounting: every file's `dead` is exactly its reserved slots (words) minus those
+/// of the entries the indexes name. Checked only when no GC reclaim overlapped the check (a
+/// rewrite in flight has reserved its copy before the index names it).
+fn accounting(
+    files: &[std::sync::Arc<crate::nlog::LogFile>],
+    pairs: &[(u64, crate::layout::VAddr)],
+    bytes_pairs: &[(Vec<u8>, crate::layout::VAddr)],
+) -> Result<()> {
+    let mut live: std::collections::HashMap<(usize, u32), u64> = std::collections::HashMap::new();
+    for (va, w) in pairs.iter().map(|p| (p.1, 1)).chain(bytes_pairs.iter().map(|p| (p.1, 0))) {
+        let weight = if w == 1 { 1 } else { u64::from(va.words()) };
+        *live.entry((va.node(), va.file())).or_default() += weight;
+    }
+    for f in files {
+        let tail = u64::from(f.tail.load(Ordering::Acquire));
+        let dead = u64::from(f.dead.load(Ordering::Acquire));
+        let l = live.get(&(f.info.node, f.info.id)).copied().unwrap_or(0);
+        if dead + l != tail {
+            return Err(layout::corrupted(format!(
+                "node {} file {}: {dead} garbage + {l} live != {tail} reserved",
+                f.info.node, f.info.id
+            )));
+        }
+    }
+    Ok(())
 }

@@ -59,22 +59,43 @@ pub(crate) fn run(inner: &Inner, node: usize, idx: usize, per_node: usize) {
     }
 }
 
+/// Whether GC should reclaim `f` now: sealed, no reservation in flight, garbage share above
+/// the threshold, not taken by another pass.
+pub(crate) fn eligible(inner: &Inner, f: &LogFile) -> bool {
+    // ORDERING: Acquire on `sealed` and `pending`; pair with the Release stores in
+    // Nlog::reserve and Nlog::write: every reserved entry of the file is complete.
+    f.sealed.load(Ordering::Acquire)
+        && f.pending.load(Ordering::Acquire) == 0
+        && f.dead_share() > inner.opts.gc_threshold
+        && !f.claimed.load(Ordering::Acquire)
+}
+
 /// One pass over `node`'s files (those with `id % per_node == idx`); returns files reclaimed.
 pub(crate) fn collect(inner: &Inner, node: usize, idx: usize, per_node: usize) -> Result<u64> {
-    let threshold = inner.opts.gc_threshold;
     let mut reclaimed = 0;
     for f in inner.nlog.files_of(node) {
         if inner.stop.load(Ordering::Acquire) {
             break;
         }
-        // ORDERING: Acquire on `sealed` and `pending`; pair with the Release stores in
-        // Nlog::reserve and Nlog::write: every reserved entry of the file is complete.
-        let ready = f.info.id as usize % per_node.max(1) == idx
-            && f.sealed.load(Ordering::Acquire)
-            && f.pending.load(Ordering::Acquire) == 0
-            && f.dead_share() > threshold;
-        if ready && reclaim(inner, &f)? {
-            reclaimed += 1;
+        if f.info.id as usize % per_node.max(1) != idx || !eligible(inner, &f) {
+            continue;
+        }
+        // ORDERING: AcqRel; exactly one pass wins the file.
+        if f.claimed.swap(true, Ordering::AcqRel) {
+            continue;
+        }
+        inner.counters.gc_busy.fetch_add(1, Ordering::AcqRel);
+        let r = reclaim(inner, &f);
+        inner.counters.gc_busy.fetch_sub(1, Ordering::AcqRel);
+        match r {
+            Ok(true) => reclaimed += 1,
+            // Stopped early (shutdown): the file stays; the next session reclaims it.
+            Ok(false) => f.claimed.store(false, Ordering::Release),
+            Err(e) => {
+                // Every step is crash-safe on its own, so a later pass may retry the file.
+                f.claimed.store(false, Ordering::Release);
+                return Err(e);
+            }
         }
     }
     Ok(reclaimed)
@@ -92,22 +113,50 @@ fn invalidate_history(inner: &Inner, key: u64, version: u64, mut h: u64) -> Resu
         if op == Op::Inv || k != key || v >= newer {
             break;
         }
-        chain.push(e);
+        chain.push(&e.meta);
         newer = v;
         h = parent;
     }
-    for e in chain.iter().rev() {
-        let m = e.meta.load(Ordering::Acquire);
-        e.meta.store(m & !OP_MASK, Ordering::Release);
+    mark_inv(inner, &chain);
+    Ok(chain.len() as u64)
+}
+
+/// [`invalidate_history`] for a variable-length key (its history is in variable-length files).
+fn invalidate_history_var(inner: &Inner, key: &[u8], version: u64, mut h: u64) -> Result<u64> {
+    let mut chain = Vec::new();
+    let mut newer = version;
+    while h != 0 {
+        let va = VAddr(h);
+        let Some(e) = inner.nlog.locate_var(va)? else { break };
+        let Some((op, k, _)) = e.read(va.file()) else { break };
+        let v = e.head.version.load(Ordering::Acquire);
+        if op == Op::Inv || k != key || v >= newer {
+            break;
+        }
+        chain.push(&e.head.meta);
+        newer = v;
+        h = e.head.h_addr.load(Ordering::Acquire);
+    }
+    mark_inv(inner, &chain);
+    Ok(chain.len() as u64)
+}
+
+/// Marks the entries whose meta words are `chain` (newest first) `inv`, oldest first.
+fn mark_inv(inner: &Inner, chain: &[&numakv_pmem::PmU64]) {
+    for meta in chain.iter().rev() {
+        let m = meta.load(Ordering::Acquire);
+        meta.store(m & !OP_MASK, Ordering::Release);
         // PERSIST: this entry is invalid before any newer one of the chain is marked, and
         // before the file whose entry superseded it can be freed.
-        inner.pool.persist_obj(&e.meta);
+        inner.pool.persist_obj(*meta);
     }
-    Ok(chain.len() as u64)
 }
 
 /// Reclaims `f`: returns false when it stopped early (shutdown); the file then stays.
 fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
+    if f.info.var {
+        return reclaim_var(inner, f);
+    }
     let node = f.info.node;
     let tail = f.tail.load(Ordering::Acquire);
     for slot in 0..tail {
@@ -139,6 +188,54 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
         }
     }
+    retire(inner, f);
+    Ok(true)
+}
+
+/// [`reclaim`] for a file of variable-length entries: the same steps, entry by entry, stepping
+/// by the entries' durable size words.
+fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
+    let node = f.info.node;
+    let tail = f.tail.load(Ordering::Acquire);
+    let mut off = 0;
+    while off < tail {
+        if inner.stop.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let _guard = epoch::pin();
+        let Some(words) = layout::decode_var_size(f.var_size_at(&inner.pool, off)?, f.info.id)
+        else {
+            break; // nothing was reserved from here on
+        };
+        let e = f.var_entry(&inner.pool, off, words)?;
+        let va = f.var_vaddr(off, words);
+        off += words;
+        let Some((_, key, _)) = e.read(f.info.id) else { continue }; // torn before a crash
+        let h = crate::hash_bytes(&key);
+        let _key = inner.lock_hash(h);
+        let Some((op, k, value)) = e.read(f.info.id) else { continue };
+        if op == Op::Inv || k != key {
+            continue;
+        }
+        let version = e.head.version.load(Ordering::Acquire);
+        let h_addr = e.head.h_addr.load(Ordering::Acquire);
+        let marked = invalidate_history_var(inner, &key, version, h_addr)?;
+        inner.counters.gc_invalidated.fetch_add(marked, Ordering::Relaxed);
+        if op != Op::Del && inner.bindex.get(&key) == Some(va) {
+            let cluster = inner.nlog.cluster_of(h);
+            let (nf, s) = inner.nlog.reserve_var(node, cluster, words)?;
+            let v = inner.nlog.next_version(cluster);
+            let new = inner.nlog.write_var(&nf, s, Op::Ins, v, va.0, &key, &value)?;
+            inner.bindex.set(&key, new);
+            inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    retire(inner, f);
+    Ok(true)
+}
+
+/// Unlinks a reclaimed file and frees its pages after the epoch grace period.
+fn retire(inner: &Inner, f: &Arc<LogFile>) {
     inner.nlog.unlink(f);
     let guard = epoch::pin();
     let pool: Weak<Pool> = Arc::downgrade(&inner.pool);
@@ -154,5 +251,4 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
     });
     guard.flush();
     inner.counters.gc_files.fetch_add(1, Ordering::Relaxed);
-    Ok(true)
 }

@@ -231,6 +231,90 @@ pub fn decode_meta(w: u64, file: u32) -> Meta {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Variable-length entries
+// ---------------------------------------------------------------------------------------------
+
+/// Geometry word of a file of fixed 8-byte keys and values.
+pub const GEOMETRY_FIXED: u64 = K_LEN | (V_LEN << 16);
+/// Geometry word of a file of variable-length entries.
+pub const GEOMETRY_VAR: u64 = 0xffff | (0xffff << 16);
+
+/// The head of a variable-length entry (at a word offset of a variable-length file); the key's
+/// `k_len` bytes follow, padded to 8, then the value's `v_len` bytes, padded to 8.
+///
+/// ```text
+///  0  meta     op | k_len << 8 | v_len << 20 | stamp << 32 — written last (as for fixed entries)
+///  8  version
+/// 16  h_addr
+/// 24  size     entry words | stamp << 32 — persisted when the space is reserved, under the
+///              cluster lock, so that recovery can step over an entry whose body is torn
+/// 32  key, value
+/// ```
+#[repr(C)]
+#[derive(Debug)]
+pub struct VarHead {
+    /// op | k_len | v_len | stamp; written last.
+    pub meta: PmU64,
+    /// Per-cluster version.
+    pub version: PmU64,
+    /// Previous entry of the key, 0 for none.
+    pub h_addr: PmU64,
+    /// Entry words | stamp << 32; durable from the reservation on.
+    pub size: PmU64,
+}
+
+// SAFETY: four PM words; every bit pattern is a (possibly invalid) head, validated on read.
+unsafe impl PmType for VarHead {}
+
+/// Bytes of a [`VarHead`].
+pub const VAR_HEAD: u64 = 32;
+const _: () = assert!(std::mem::size_of::<VarHead>() as u64 == VAR_HEAD);
+/// Most words of one entry (the v_addr length field).
+pub const MAX_ENTRY_WORDS: u32 = (1 << LEN_BITS) - 1;
+/// Longest key or value of a variable-length entry (the 12-bit length fields); the whole entry
+/// must also fit [`MAX_ENTRY_WORDS`].
+pub const MAX_VAR_LEN: usize = 0xfff;
+
+/// Words of a variable-length entry with a `k_len`-byte key and a `v_len`-byte value; `None`
+/// when the key is empty or too long, the value too long, or the entry longer than
+/// [`MAX_ENTRY_WORDS`].
+pub fn var_words(k_len: usize, v_len: usize) -> Option<u32> {
+    if k_len == 0 || k_len > MAX_VAR_LEN || v_len > MAX_VAR_LEN {
+        return None;
+    }
+    let w = VAR_HEAD / 8 + (k_len as u64).div_ceil(8) + (v_len as u64).div_ceil(8);
+    u32::try_from(w).ok().filter(|&w| w <= MAX_ENTRY_WORDS)
+}
+
+/// The meta word of a variable-length entry.
+pub fn var_meta_word(op: Op, k_len: usize, v_len: usize, file: u32) -> u64 {
+    (op as u64) | ((k_len as u64) << 8) | ((v_len as u64) << 20) | (u64::from(file) << 32)
+}
+
+/// The size word of a variable-length entry.
+pub fn var_size_word(words: u32, file: u32) -> u64 {
+    u64::from(words) | (u64::from(file) << 32)
+}
+
+/// Words of the entry whose size word is `w` in file `file`: `None` when the word is not
+/// stamped with `file` or out of range (no entry was ever reserved there).
+pub fn decode_var_size(w: u64, file: u32) -> Option<u32> {
+    let words = (w & 0xffff_ffff) as u32;
+    ((w >> 32) == u64::from(file) && words > VAR_HEAD as u32 / 8 && words <= MAX_ENTRY_WORDS)
+        .then_some(words)
+}
+
+/// Decodes the meta word `w` of a variable-length entry of `words` words in file `file`:
+/// `(op, k_len, v_len)` when the entry was written (stamp and lengths agree with the size),
+/// `None` for a torn entry.
+pub fn decode_var_meta(w: u64, file: u32, words: u32) -> Option<(Op, usize, usize)> {
+    let k_len = ((w >> 8) & 0xfff) as usize;
+    let v_len = ((w >> 20) & 0xfff) as usize;
+    ((w >> 32) == u64::from(file) && (w >> 2) & 0x3f == 0 && var_words(k_len, v_len) == Some(words))
+        .then(|| (Op::from_bits(w), k_len, v_len))
+}
+
+// ---------------------------------------------------------------------------------------------
 // File header
 // ---------------------------------------------------------------------------------------------
 
@@ -274,12 +358,25 @@ pub struct FileInfo {
     pub cluster: u32,
     /// Extent bytes.
     pub size: u64,
+    /// A file of variable-length entries (geometry [`GEOMETRY_VAR`]); otherwise every entry is
+    /// a fixed [`ENTRY_SIZE`]-byte slot (geometry [`GEOMETRY_FIXED`]).
+    pub var: bool,
 }
 
 impl FileInfo {
-    /// Entry slots of the file.
+    /// Entry slots of a fixed file; 8-byte words for entries of a variable-length file.
     pub fn slots(&self) -> u64 {
-        ((self.size - FILE_HEADER) / ENTRY_SIZE).min(MAX_SLOTS)
+        let unit = if self.var { 8 } else { ENTRY_SIZE };
+        ((self.size - FILE_HEADER) / unit).min(MAX_SLOTS)
+    }
+
+    /// The geometry word of the header.
+    pub fn geometry(&self) -> u64 {
+        if self.var {
+            GEOMETRY_VAR
+        } else {
+            GEOMETRY_FIXED
+        }
     }
 
     fn words(&self) -> [u64; 6] {
@@ -289,7 +386,7 @@ impl FileInfo {
             self.node as u64,
             u64::from(self.cluster),
             self.size,
-            K_LEN | (V_LEN << 16),
+            self.geometry(),
         ]
     }
 
@@ -329,7 +426,7 @@ impl FileInfo {
         if h.checksum.load(Ordering::Acquire) != Self::checksum(&w) {
             return Err("file header checksum mismatch".into());
         }
-        if w[5] != K_LEN | (V_LEN << 16) {
+        if w[5] != GEOMETRY_FIXED && w[5] != GEOMETRY_VAR {
             return Err(format!("unsupported entry geometry {:#x}", w[5]));
         }
         let id = u32::try_from(w[1]).ok().filter(|i| (1..=MAX_FILE_ID).contains(i));
@@ -342,6 +439,7 @@ impl FileInfo {
             node: w[2] as usize,
             cluster: u32::try_from(w[3]).map_err(|_| "cluster out of range".to_string())?,
             size: w[4],
+            var: w[5] == GEOMETRY_VAR,
         })
     }
 }
@@ -426,6 +524,24 @@ mod tests {
         assert!(!decode_meta(0, 7).written);
         let inv = w & !OP_MASK;
         assert_eq!(decode_meta(inv, 7), Meta { op: Op::Inv, written: true });
+    }
+
+    #[test]
+    fn var_words_and_words_round_trip() {
+        assert_eq!(var_words(1, 0), Some(5));
+        assert_eq!(var_words(9, 17), Some(4 + 2 + 3));
+        assert_eq!(var_words(0, 1), None);
+        assert_eq!(var_words(MAX_VAR_LEN + 1, 0), None);
+        assert_eq!(var_words(1000, 1000), Some(4 + 125 + 125));
+        assert_eq!(var_words(1000, 1040), None, "longer than the v_addr length field");
+        let m = var_meta_word(Op::Upd, 9, 17, 3);
+        assert_eq!(decode_var_meta(m, 3, 9), Some((Op::Upd, 9, 17)));
+        assert_eq!(decode_var_meta(m, 4, 9), None, "other file");
+        assert_eq!(decode_var_meta(m, 3, 10), None, "lengths disagree with the size word");
+        assert_eq!(decode_var_meta(m & !OP_MASK, 3, 9), Some((Op::Inv, 9, 17)));
+        assert_eq!(decode_var_size(var_size_word(9, 3), 3), Some(9));
+        assert_eq!(decode_var_size(var_size_word(9, 3), 2), None);
+        assert_eq!(decode_var_size(0, 3), None);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! - **Nlog** ([`nlog`](crate::nlog)): per NUMA node and per hash cluster an active log file in
 //!   that node's pool; every put, update and delete appends one entry to the active file of its
-//!   cluster on the writer's own node — one local PM write, no remote PM write.
+//!   cluster on the writer's own node — one local PM write, no remote PM write. Besides the
+//!   u64 keys of the [`Index`] API, [`NStore::put_bytes`] / [`NStore::get_bytes`] store
+//!   variable-length keys and values (the `k_len`/`v_len` entry format).
 //! - **Volatile index** ([`vindex`]): key → packed entry address in DRAM, behind the
 //!   [`VolatileIndex`] trait (scc's `TreeIndex` here; a learned index can be added).
 //! - **RAF cache** ([`cache`](crate::cache)): a DRAM hash cache whose replacement weighs each
@@ -68,7 +70,7 @@ use crate::layout::{
 };
 use crate::nlog::Nlog;
 use crate::scan::ScanPool;
-pub use crate::vindex::{SccIndex, VolatileIndex};
+pub use crate::vindex::{SccBytesIndex, SccIndex, VolatileBytesIndex, VolatileIndex};
 
 /// Key-lock stripes (DRAM mutexes serialising the writers — and GC — of one key).
 const KEY_STRIPES: usize = 4096;
@@ -167,6 +169,8 @@ pub(crate) struct Counters {
     pub gc_rewritten: AtomicU64,
     pub gc_invalidated: AtomicU64,
     pub gc_errors: AtomicU64,
+    /// Reclaims in progress (for [`NStore::gc_quiesce`]).
+    pub gc_busy: AtomicU64,
     pub read_retries: AtomicU64,
 }
 
@@ -176,6 +180,8 @@ pub(crate) struct Inner {
     pub pool: Arc<Pool>,
     pub nlog: Nlog,
     pub index: Box<dyn VolatileIndex>,
+    /// The index of the variable-length keys (their own key space).
+    pub bindex: Box<dyn VolatileBytesIndex>,
     locks: Box<[Mutex<()>]>,
     pub cache: Option<Cache>,
     pub opts: NStoreOptions,
@@ -193,6 +199,16 @@ pub(crate) fn hash(key: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The hash of a variable-length key: FNV-1a over its bytes, then [`hash`]'s finaliser.
+#[inline]
+pub(crate) fn hash_bytes(key: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &b in key {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    hash(h)
 }
 
 /// The calling thread's node, as an index into this store's nodes.
@@ -215,6 +231,7 @@ impl Inner {
         pool: Arc<Pool>,
         nlog: Nlog,
         index: Box<dyn VolatileIndex>,
+        bindex: Box<dyn VolatileBytesIndex>,
         opts: NStoreOptions,
     ) -> Inner {
         let cache = Cache::new(&opts, pool.nodes());
@@ -222,6 +239,7 @@ impl Inner {
             pool,
             nlog,
             index,
+            bindex,
             locks: (0..KEY_STRIPES).map(|_| Mutex::new(())).collect(),
             cache,
             opts,
@@ -236,10 +254,80 @@ impl Inner {
         self.locks[(hash(key) as usize) % KEY_STRIPES].lock()
     }
 
-    /// Counts the entry at `va` as garbage in its file.
+    /// The lock of the stripe of the variable-length key with hash `h` ([`hash_bytes`]).
+    pub(crate) fn lock_hash(&self, h: u64) -> MutexGuard<'_, ()> {
+        self.locks[(h as usize) % KEY_STRIPES].lock()
+    }
+
+    /// Counts the entry at `va` as garbage in its file (a variable-length entry: its words).
     pub(crate) fn mark_dead(&self, va: VAddr) {
         if let Some(f) = self.nlog.file(va.node(), va.file()) {
-            f.dead.fetch_add(1, Ordering::Relaxed);
+            f.dead.fetch_add(f.weight(va), Ordering::Relaxed);
+        }
+    }
+
+    /// Put (`Some(value)`) or delete (`None`) of a variable-length key: one entry appended to
+    /// the local variable-length active file of the key's cluster, as for u64 keys.
+    fn write_bytes(&self, key: &[u8], value: Option<&[u8]>) -> Result<bool> {
+        let words =
+            layout::var_words(key.len(), value.map_or(0, <[u8]>::len)).ok_or_else(|| {
+                Error::InvalidOptions(format!(
+                "a {}-byte key with a {}-byte value does not fit one entry (keys 1..={} bytes, \
+                 values up to {} bytes, at most {} bytes together with the 32-byte head)",
+                key.len(),
+                value.map_or(0, <[u8]>::len),
+                layout::MAX_VAR_LEN,
+                layout::MAX_VAR_LEN,
+                layout::MAX_ENTRY_WORDS * 8
+            ))
+            })?;
+        let h = hash_bytes(key);
+        let _key = self.lock_hash(h);
+        let old = self.bindex.get(key);
+        let op = match (value, old) {
+            (None, None) => return Ok(false),
+            (None, Some(_)) => Op::Del,
+            (Some(_), Some(_)) => Op::Upd,
+            (Some(_), None) => Op::Ins,
+        };
+        let node = my_node(self.nlog.nodes);
+        let cluster = self.nlog.cluster_of(h);
+        let (file, off) = self.nlog.reserve_var(node, cluster, words)?;
+        let version = self.nlog.next_version(cluster);
+        let h_addr = old.map_or(0, |v| v.0);
+        let va =
+            self.nlog.write_var(&file, off, op, version, h_addr, key, value.unwrap_or_default())?;
+        if op == Op::Del {
+            self.bindex.remove(key);
+            file.dead.fetch_add(words, Ordering::Relaxed);
+        } else {
+            self.bindex.set(key, va);
+        }
+        if let Some(o) = old {
+            self.mark_dead(o);
+        }
+        Ok(true)
+    }
+
+    /// The value of variable-length key `key`.
+    fn get_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let _guard = epoch::pin();
+        loop {
+            let Some(va) = self.bindex.get(key) else { return Ok(None) };
+            let Some(e) = self.nlog.locate_var(va)? else {
+                // Reclaimed by GC after the index was read: read the index again.
+                self.counters.read_retries.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            return match e.read(va.file()) {
+                Some((Op::Ins | Op::Upd, k, v)) if k == key => Ok(Some(v)),
+                other => Err(layout::corrupted(format!(
+                    "index maps a {}-byte key to {:#x}, which holds {:?}",
+                    key.len(),
+                    va.0,
+                    other.map(|o| (o.0, o.1.len()))
+                ))),
+            };
         }
     }
 
@@ -393,6 +481,55 @@ impl NStore {
         Ok(n)
     }
 
+    /// Drives GC until it has settled: runs passes from the calling thread (beside the GC
+    /// threads; a file is reclaimed by one pass only) until a pass reclaims nothing, no reclaim
+    /// is in progress and no file is eligible any more, then runs the deferred frees. Returns
+    /// whether it settled within `timeout`. For benchmarks that measure space after GC (Fig. 15).
+    pub fn gc_quiesce(&self, timeout: Duration) -> Result<bool> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let n = self.collect_garbage()?;
+            let inner = &self.inner;
+            // ORDERING: Acquire; pairs with the AcqRel decrement after a reclaim.
+            let idle = inner.counters.gc_busy.load(Ordering::Acquire) == 0
+                && !inner.nlog.all_files().iter().any(|f| gc::eligible(inner, f));
+            if n == 0 && idle {
+                epoch::pin().flush();
+                return Ok(true);
+            }
+            if t0.elapsed() >= timeout {
+                return Ok(false);
+            }
+            if n == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Stores `value` under the variable-length key `key` (upsert), in the entry format with
+    /// `k_len`/`v_len` (docs/design.md, "NStore", variable-length entries). Byte keys are a key
+    /// space of their own, beside the [`Index`] API's u64 keys, and are not cached. Keys are 1 to
+    /// 4095 bytes, values up to 4095 bytes, and key + value at most 2008 bytes (one entry of at
+    /// most 255 words, the v_addr length field).
+    pub fn put_bytes(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.inner.write_bytes(key, Some(value)).map(|_| ())
+    }
+
+    /// The value stored under the variable-length key `key`.
+    pub fn get_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.get_bytes(key)
+    }
+
+    /// Deletes the variable-length key `key`; whether it was present.
+    pub fn delete_bytes(&self, key: &[u8]) -> Result<bool> {
+        self.inner.write_bytes(key, None)
+    }
+
+    /// Variable-length keys present.
+    pub fn bytes_len(&self) -> usize {
+        self.inner.bindex.len()
+    }
+
     /// Whether the cache currently serves gets (the three signals of §III-B switch it).
     pub fn cache_enabled(&self) -> bool {
         self.inner.cache.as_ref().is_some_and(Cache::enabled)
@@ -451,18 +588,22 @@ impl Index for NStore {
         let inner = &self.inner;
         let pool = &inner.pool;
         let page = pool.page_size();
-        let pm_bytes_per_node = (0..pool.nodes())
-            .map(|n| {
-                pool.extents(n)
-                    .map(|x| {
-                        x.iter().filter(|e| e.owner == OWNER_ENGINE).map(|e| e.pages * page).sum()
-                    })
-                    .unwrap_or(0)
-            })
-            .collect();
+        // PM in use (papers/nstore.txt §V-F's space figures): per node its meta page and, per
+        // log file in the file table, the header and the entries written so far. The unwritten
+        // tail of an active file is reserved but untouched (the node file is sparse), so it is
+        // not counted; it is reported as `pm_reserved_bytes`. (docs/design.md, "NStore", Space.)
+        let mut pm_bytes_per_node = vec![page; pool.nodes()];
+        let mut reserved = page * pool.nodes() as u64;
+        for f in inner.nlog.all_files() {
+            if let Some(b) = pm_bytes_per_node.get_mut(f.info.node) {
+                *b += f.used_bytes();
+            }
+            reserved += f.info.size;
+        }
         let c = &inner.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut counters = vec![
+            ("pm_reserved_bytes", reserved),
             ("files_created", get(&inner.nlog.files_created)),
             ("gc_files_reclaimed", get(&c.gc_files)),
             ("gc_entries_rewritten", get(&c.gc_rewritten)),
@@ -470,7 +611,7 @@ impl Index for NStore {
             ("gc_errors", get(&c.gc_errors)),
             ("read_retries", get(&c.read_retries)),
         ];
-        let mut dram = inner.index.dram_bytes();
+        let mut dram = inner.index.dram_bytes() + inner.bindex.dram_bytes();
         if let Some(cache) = &inner.cache {
             counters.extend(cache.counters());
             dram += cache.dram_bytes();
@@ -525,7 +666,13 @@ impl Engine for NStore {
         // store that open refuses as never initialised.
         pool.persist_obj(format);
         let nlog = Nlog::new(Arc::clone(&pool), opts.clusters, file_pages, metas);
-        let inner = Inner::new(pool, nlog, Box::new(SccIndex::new()), opts.clone());
+        let inner = Inner::new(
+            pool,
+            nlog,
+            Box::new(SccIndex::new()),
+            Box::new(SccBytesIndex::new()),
+            opts.clone(),
+        );
         Ok(NStore::start(inner))
     }
 

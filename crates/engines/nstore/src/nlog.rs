@@ -17,26 +17,58 @@ use numakv_index::{Error, Result};
 use numakv_pmem::{PPtr, Pool};
 use parking_lot::Mutex;
 
+use numakv_pmem::PmBytes;
+
 use crate::layout::{
-    self, meta_word, Entry, FileHeader, FileInfo, NodeMeta, Op, VAddr, AUX_LOG, ENTRY_SIZE,
-    ENTRY_WORDS, FILE_HEADER, ID_BATCH, MAX_FILE_ID, OWNER_ENGINE,
+    self, meta_word, var_meta_word, var_size_word, Entry, FileHeader, FileInfo, NodeMeta, Op,
+    VAddr, VarHead, AUX_LOG, ENTRY_SIZE, ENTRY_WORDS, FILE_HEADER, ID_BATCH, MAX_FILE_ID,
+    OWNER_ENGINE, VAR_HEAD,
 };
+
+/// A variable-length entry in PM: its head and its body (key then value, each padded to 8).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VarEntry<'p> {
+    pub head: &'p VarHead,
+    pub body: &'p PmBytes,
+    /// Entry words (from the v_addr or the durable size word).
+    pub words: u32,
+}
+
+impl VarEntry<'_> {
+    /// `(op, key, value)` if the entry is written in file `file` (valid or marked `inv`).
+    pub(crate) fn read(&self, file: u32) -> Option<(Op, Vec<u8>, Vec<u8>)> {
+        let m = self.head.meta.load(Ordering::Acquire);
+        let (op, k_len, v_len) = layout::decode_var_meta(m, file, self.words)?;
+        let mut key = vec![0u8; k_len];
+        let mut value = vec![0u8; v_len];
+        let koff = 0;
+        let voff = k_len.next_multiple_of(8);
+        // SAFETY: a written entry's body was persisted before its meta word and is immutable
+        // from then on (GC only rewrites the meta word), so nothing writes it concurrently.
+        let ok = unsafe { self.body.read(koff, &mut key) && self.body.read(voff, &mut value) };
+        ok.then_some((op, key, value))
+    }
+}
 
 /// DRAM state of one Nlog file.
 #[derive(Debug)]
 pub(crate) struct LogFile {
     pub info: FileInfo,
     pub base: PPtr,
-    /// Entry slots.
+    /// Entry slots (a variable-length file: 8-byte words).
     pub slots: u32,
-    /// Slots handed out (reserved); only grows, only while the file is active.
+    /// Slots (words) handed out (reserved); only grows, only while the file is active.
     pub tail: AtomicU32,
     /// Reserved slots whose entry is not yet durable. GC takes only sealed files with none.
     pub pending: AtomicU32,
     /// No more reservations (full, or not the active file of its (node, cluster)).
     pub sealed: AtomicBool,
-    /// Entries known to be garbage: superseded, deleted, or delete entries themselves.
+    /// Entries (a variable-length file: their words) known to be garbage: superseded, deleted,
+    /// or delete entries themselves.
     pub dead: AtomicU32,
+    /// Taken by the GC pass that reclaims the file, so that two passes (a GC thread and
+    /// [`crate::NStore::collect_garbage`]) never reclaim — and free — the same file twice.
+    pub claimed: AtomicBool,
 }
 
 impl LogFile {
@@ -49,6 +81,7 @@ impl LogFile {
             pending: AtomicU32::new(0),
             sealed: AtomicBool::new(sealed),
             dead: AtomicU32::new(0),
+            claimed: AtomicBool::new(false),
         }
     }
 
@@ -63,6 +96,54 @@ impl LogFile {
     pub(crate) fn vaddr(&self, slot: u32) -> VAddr {
         // Every field was range-checked when the file was created or validated at open.
         VAddr::new(self.info.node, self.info.id, slot, ENTRY_WORDS).unwrap_or(VAddr(0))
+    }
+
+    /// Bytes of the file in use: the header and the slots reserved so far.
+    pub(crate) fn used_bytes(&self) -> u64 {
+        let unit = if self.info.var { 8 } else { ENTRY_SIZE };
+        FILE_HEADER + u64::from(self.tail.load(Ordering::Acquire)) * unit
+    }
+
+    /// The variable-length entry of `words` words at word `off` of this (variable-length) file.
+    pub(crate) fn var_entry<'p>(
+        &self,
+        pool: &'p Pool,
+        off: u32,
+        words: u32,
+    ) -> Result<VarEntry<'p>> {
+        if !self.info.var || u64::from(off) + u64::from(words) > u64::from(self.slots) {
+            return Err(layout::corrupted(format!(
+                "file {}: variable entry at word {off} ({words} words) out of range",
+                self.info.id
+            )));
+        }
+        let at = FILE_HEADER + u64::from(off) * 8;
+        let p = self.base.add(at).ok_or_else(|| layout::corrupted("entry pointer overflows"))?;
+        let head: &VarHead = pool.get(p)?;
+        let bp = p.add(VAR_HEAD).ok_or_else(|| layout::corrupted("entry pointer overflows"))?;
+        let body = pool.bytes(bp, (u64::from(words) * 8 - VAR_HEAD) as usize)?;
+        Ok(VarEntry { head, body, words })
+    }
+
+    /// The size word at word `off` of this variable-length file.
+    pub(crate) fn var_size_at(&self, pool: &Pool, off: u32) -> Result<u64> {
+        let at = FILE_HEADER + u64::from(off) * 8 + 24;
+        let p = self.base.add(at).ok_or_else(|| layout::corrupted("entry pointer overflows"))?;
+        Ok(pool.get::<numakv_pmem::PmU64>(p)?.load(Ordering::Acquire))
+    }
+
+    /// The address of the variable-length entry at word `off`.
+    pub(crate) fn var_vaddr(&self, off: u32, words: u32) -> VAddr {
+        VAddr::new(self.info.node, self.info.id, off, words).unwrap_or(VAddr(0))
+    }
+
+    /// The garbage weight of the entry at `va` in this file (entries or words).
+    pub(crate) fn weight(&self, va: VAddr) -> u32 {
+        if self.info.var {
+            va.words()
+        } else {
+            1
+        }
     }
 
     /// Share of the written entries that are garbage.
@@ -92,8 +173,9 @@ pub(crate) struct Nlog {
     pub file_pages: u32,
     /// Per node: file id → file.
     tables: Vec<scc::HashMap<u32, Arc<LogFile>>>,
-    /// `node * clusters + cluster` → the active file; the mutex is the per-cluster write lock of
-    /// §III-E, held only to reserve a slot (and to replace a full file).
+    /// `(node * clusters + cluster) * 2 + var` → the active file of fixed (var = 0) or
+    /// variable-length (var = 1) entries; the mutex is the per-cluster write lock of §III-E,
+    /// held only to reserve a slot (and to replace a full file).
     actives: Box<[Mutex<Option<Arc<LogFile>>>]>,
     ids: Vec<Mutex<IdAlloc>>,
     /// Per cluster: the next version (shared by the cluster's files on every node, so the
@@ -119,7 +201,7 @@ impl Nlog {
             clusters,
             file_pages,
             tables: (0..nodes).map(|_| scc::HashMap::new()).collect(),
-            actives: (0..nodes * clusters as usize).map(|_| Mutex::new(None)).collect(),
+            actives: (0..nodes * clusters as usize * 2).map(|_| Mutex::new(None)).collect(),
             ids: metas
                 .into_iter()
                 .map(|(meta, hwm)| Mutex::new(IdAlloc { next: hwm.max(1), hwm, meta }))
@@ -133,10 +215,14 @@ impl Nlog {
     pub(crate) fn install(&self, f: Arc<LogFile>, active: bool) {
         let (node, cluster) = (f.info.node, f.info.cluster);
         if active {
-            *self.actives[node * self.clusters as usize + cluster as usize].lock() =
+            *self.actives[self.active_slot(node, cluster, f.info.var)].lock() =
                 Some(Arc::clone(&f));
         }
         let _ = self.tables[node].insert_sync(f.info.id, f);
+    }
+
+    fn active_slot(&self, node: usize, cluster: u32, var: bool) -> usize {
+        (node * self.clusters as usize + cluster as usize) * 2 + usize::from(var)
     }
 
     /// Raises cluster `c`'s next version to at least `v`.
@@ -185,15 +271,29 @@ impl Nlog {
         let Some(table) = self.tables.get(va.node()) else {
             return Err(layout::corrupted(format!("address {:#x} names node {}", va.0, va.node())));
         };
-        let Some((base, slots)) = table.read_sync(&va.file(), |_, f| (f.base, f.slots)) else {
+        let Some((base, slots, var)) =
+            table.read_sync(&va.file(), |_, f| (f.base, f.slots, f.info.var))
+        else {
             return Ok(None);
         };
-        if va.slot() >= slots || va.words() != ENTRY_WORDS {
+        if var || va.slot() >= slots || va.words() != ENTRY_WORDS {
             return Err(layout::corrupted(format!("address {:#x} is outside its file", va.0)));
         }
         let off = FILE_HEADER + u64::from(va.slot()) * ENTRY_SIZE;
         let p = base.add(off).ok_or_else(|| layout::corrupted("entry pointer overflows"))?;
         Ok(Some(self.pool.get::<Entry>(p)?))
+    }
+
+    /// The variable-length entry `va` names, or `None` when its file no longer exists (as for
+    /// [`Nlog::locate`]; the caller keeps an epoch guard pinned while it uses the entry).
+    pub(crate) fn locate_var(&self, va: VAddr) -> Result<Option<VarEntry<'_>>> {
+        let Some(table) = self.tables.get(va.node()) else {
+            return Err(layout::corrupted(format!("address {:#x} names node {}", va.0, va.node())));
+        };
+        let Some(f) = table.read_sync(&va.file(), |_, f| Arc::clone(f)) else {
+            return Ok(None);
+        };
+        f.var_entry(&self.pool, va.slot(), va.words()).map(Some)
     }
 
     /// The cluster of a key hash.
@@ -224,7 +324,7 @@ impl Nlog {
     }
 
     /// Allocates, initialises and registers a new file for (`node`, `cluster`).
-    fn new_file(&self, node: usize, cluster: u32) -> Result<Arc<LogFile>> {
+    fn new_file(&self, node: usize, cluster: u32, var: bool) -> Result<Arc<LogFile>> {
         let id = self.next_id(node)?;
         let base =
             self.pool.alloc_pages(node, u64::from(self.file_pages), OWNER_ENGINE, AUX_LOG)?;
@@ -233,6 +333,7 @@ impl Nlog {
             node,
             cluster,
             size: u64::from(self.file_pages) * self.pool.page_size(),
+            var,
         };
         let h: &FileHeader = self.pool.get(base)?;
         info.write(h);
@@ -249,7 +350,7 @@ impl Nlog {
     /// Reserves a slot in the active file of (`node`, `cluster`), replacing a full file. The
     /// caller must write the slot with [`Nlog::write`], which releases the reservation.
     pub(crate) fn reserve(&self, node: usize, cluster: u32) -> Result<(Arc<LogFile>, u32)> {
-        let mut active = self.actives[node * self.clusters as usize + cluster as usize].lock();
+        let mut active = self.actives[self.active_slot(node, cluster, false)].lock();
         if let Some(f) = active.as_ref() {
             // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file.
             let t = f.tail.load(Ordering::Relaxed);
@@ -262,11 +363,100 @@ impl Nlog {
             f.sealed.store(true, Ordering::Release);
         }
         // On OutOfSpace nothing was reserved and the old (full, sealed) file stays.
-        let f = self.new_file(node, cluster)?;
+        let f = self.new_file(node, cluster, false)?;
         f.pending.fetch_add(1, Ordering::AcqRel);
         f.tail.store(1, Ordering::Release);
         *active = Some(Arc::clone(&f));
         Ok((f, 0))
+    }
+
+    /// Reserves `words` words for a variable-length entry in the variable-length active file of
+    /// (`node`, `cluster`), replacing a full file; returns the file and the word offset. The
+    /// entry's size word is written and persisted here, under the cluster lock: a later
+    /// reservation — whose entry may become durable first — can only follow a durable size
+    /// word, so recovery can always step from one entry to the next (docs/design.md, "NStore",
+    /// variable-length entries). The caller must write it with [`Nlog::write_var`].
+    pub(crate) fn reserve_var(
+        &self,
+        node: usize,
+        cluster: u32,
+        words: u32,
+    ) -> Result<(Arc<LogFile>, u32)> {
+        let mut active = self.actives[self.active_slot(node, cluster, true)].lock();
+        let f = match active.as_ref() {
+            // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file.
+            Some(f) if f.tail.load(Ordering::Relaxed) + words <= f.slots => Arc::clone(f),
+            old => {
+                if let Some(f) = old {
+                    // ORDERING: Release; GC's Acquire load of `sealed` then sees the final tail.
+                    f.sealed.store(true, Ordering::Release);
+                }
+                let f = self.new_file(node, cluster, true)?;
+                if words > f.slots {
+                    return Err(Error::InvalidOptions(format!(
+                        "a {words}-word entry does not fit a {}-word log file",
+                        f.slots
+                    )));
+                }
+                *active = Some(Arc::clone(&f));
+                f
+            }
+        };
+        let t = f.tail.load(Ordering::Relaxed);
+        let at = FILE_HEADER + u64::from(t) * 8 + 24;
+        let p = f.base.add(at).ok_or_else(|| layout::corrupted("entry pointer overflows"))?;
+        let size = self.pool.get::<numakv_pmem::PmU64>(p)?;
+        size.store(var_size_word(words, f.info.id), Ordering::Release);
+        // PERSIST: the size word is durable before any later reservation of this file exists,
+        // so a torn entry can always be stepped over by recovery.
+        self.pool.persist_obj(size);
+        f.pending.fetch_add(1, Ordering::AcqRel);
+        f.tail.store(t + words, Ordering::Release);
+        Ok((f, t))
+    }
+
+    /// Writes the variable-length entry reserved at word `off` of `f` and makes it durable: the
+    /// body first, then the meta word that validates it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write_var(
+        &self,
+        f: &LogFile,
+        off: u32,
+        op: Op,
+        version: u64,
+        h_addr: u64,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<VAddr> {
+        let words = layout::var_words(key.len(), value.len())
+            .ok_or_else(|| Error::InvalidOptions("entry lengths out of range".into()))?;
+        let result = f.var_entry(&self.pool, off, words).and_then(|e| {
+            e.head.version.store(version, Ordering::Relaxed);
+            e.head.h_addr.store(h_addr, Ordering::Relaxed);
+            let voff = key.len().next_multiple_of(8);
+            // SAFETY: the words were reserved by this thread and are not published yet: nothing
+            // else reads or writes them until the meta word below is stored.
+            let ok = unsafe { e.body.write(0, key) && e.body.write(voff, value) };
+            if !ok {
+                return Err(layout::corrupted("variable entry body out of range"));
+            }
+            // PERSIST: the body (and head words) are durable before the meta word that makes
+            // the entry valid.
+            self.pool.persist((e.head as *const VarHead).cast(), words as usize * 8);
+            e.head
+                .meta
+                .store(var_meta_word(op, key.len(), value.len(), f.info.id), Ordering::Release);
+            // PERSIST: the entry is valid and durable before its address is published.
+            self.pool.persist_obj(&e.head.meta);
+            Ok(f.var_vaddr(off, words))
+        });
+        if result.is_err() {
+            // The words stay unwritten: garbage of their file (as recovery would count them).
+            f.dead.fetch_add(words, Ordering::Relaxed);
+        }
+        // ORDERING: Release; as in `write`.
+        f.pending.fetch_sub(1, Ordering::Release);
+        result
     }
 
     /// Takes the next version of `cluster`. The caller holds the key's lock.
@@ -302,6 +492,10 @@ impl Nlog {
             self.pool.persist_obj(&e.meta);
             f.vaddr(slot)
         });
+        if result.is_err() {
+            // The slot stays unwritten: garbage of its file (as recovery would count it).
+            f.dead.fetch_add(1, Ordering::Relaxed);
+        }
         // ORDERING: Release; pairs with GC's Acquire load: a file with no pending writer has
         // every reserved entry complete.
         f.pending.fetch_sub(1, Ordering::Release);

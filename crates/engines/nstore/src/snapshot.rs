@@ -10,10 +10,13 @@
 //! word 2      files      (n_f)
 //! word 3      pairs      (n_p)
 //! word 4      crc32 of words 8.. (the body)
-//! words 5..8  0
+//! word 5      variable-length pairs (n_b)
+//! word 6      words of the variable-length pairs (w_b)
+//! word 7      0
 //! body        versions[clusters]             next version of every cluster
 //!             files[n_f] × (node << 32 | id, tail, dead)
 //!             pairs[n_p] × (key, v_addr)    ascending keys
+//!             bytes pairs[n_b] × (k_len, v_addr, key bytes padded to 8)   (w_b words in all)
 //! ```
 //!
 //! The flag is root slot `SLOT_SNAPSHOT` holding the extent's pointer. It is set only after the
@@ -49,7 +52,19 @@ pub(crate) fn write(inner: &Inner) -> Result<()> {
         body.push(u64::from(f.tail.load(Ordering::Acquire)));
         body.push(u64::from(f.dead.load(Ordering::Acquire)));
     }
-    let words = SNAP_HEADER_WORDS + body.len() as u64 + 2 * pairs.len() as u64;
+    let mut bytes_body: Vec<u64> = Vec::new();
+    let bytes_pairs = inner.bindex.pairs();
+    for (k, va) in &bytes_pairs {
+        bytes_body.push(k.len() as u64);
+        bytes_body.push(va.0);
+        bytes_body.extend(k.chunks(8).map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        }));
+    }
+    let words =
+        SNAP_HEADER_WORDS + body.len() as u64 + 2 * pairs.len() as u64 + bytes_body.len() as u64;
     let pages = (words * 8).div_ceil(pool.page_size());
     let p = match pool.alloc_pages(0, pages, OWNER_ENGINE, AUX_SNAPSHOT) {
         Ok(p) => p,
@@ -72,14 +87,15 @@ pub(crate) fn write(inner: &Inner) -> Result<()> {
         let flat: Vec<u64> = chunk.iter().flat_map(|&(k, va)| [k, va.0]).collect();
         put(&flat, &mut off);
     }
+    put(&bytes_body, &mut off);
     let header = [
         SNAP_MAGIC,
         u64::from(inner.nlog.clusters),
         files.len() as u64,
         pairs.len() as u64,
         u64::from(crc.finalize()),
-        0,
-        0,
+        bytes_pairs.len() as u64,
+        bytes_body.len() as u64,
         0,
     ];
     let buf: Vec<u8> = header.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -101,6 +117,7 @@ pub(crate) struct Snapshot {
     /// `(node, id, tail, dead)`.
     pub files: Vec<(usize, u32, u32, u32)>,
     pub pairs: Vec<(u64, VAddr)>,
+    pub bytes_pairs: Vec<(Vec<u8>, VAddr)>,
 }
 
 /// Reads and validates the snapshot at `p`; `Err` says why it cannot be used (the caller then
@@ -127,10 +144,11 @@ pub(crate) fn load(pool: &Pool, p: PPtr, clusters: u32) -> std::result::Result<S
     if h[0] != SNAP_MAGIC || h[1] != u64::from(clusters) {
         return Err("bad snapshot magic or cluster count".into());
     }
-    let (nf, np) = (h[2], h[3]);
+    let (nf, np, nb, wb) = (h[2], h[3], h[5], h[6]);
     let body_words = u64::from(clusters)
         .checked_add(nf.checked_mul(3).ok_or("overflow")?)
         .and_then(|x| x.checked_add(np.checked_mul(2)?))
+        .and_then(|x| x.checked_add(wb))
         .ok_or("snapshot counts overflow")?;
     // Bound the read by the extent (a corrupted count must not read past it).
     let extent_bytes = pool
@@ -157,6 +175,25 @@ pub(crate) fn load(pool: &Pool, p: PPtr, clusters: u32) -> std::result::Result<S
         .chunks_exact(3)
         .map(|w| ((w[0] >> 32) as usize, w[0] as u32, w[1] as u32, w[2] as u32))
         .collect();
-    let pairs = body[c + 3 * nf as usize..].chunks_exact(2).map(|w| (w[0], VAddr(w[1]))).collect();
-    Ok(Snapshot { versions, files, pairs })
+    let pstart = c + 3 * nf as usize;
+    let bstart = pstart + 2 * np as usize;
+    let pairs = body[pstart..bstart].chunks_exact(2).map(|w| (w[0], VAddr(w[1]))).collect();
+    let mut bytes_pairs = Vec::with_capacity(nb.min(1 << 20) as usize);
+    let mut rest = &body[bstart..];
+    for _ in 0..nb {
+        let [k_len, va, tail @ ..] = rest else { return Err("bytes pairs truncated".into()) };
+        let k_len = usize::try_from(*k_len).map_err(|_| "key length out of range")?;
+        let kw = k_len.div_ceil(8);
+        if k_len == 0 || k_len > crate::layout::MAX_VAR_LEN || tail.len() < kw {
+            return Err("bad bytes pair".into());
+        }
+        let mut key: Vec<u8> = tail[..kw].iter().flat_map(|w| w.to_le_bytes()).collect();
+        key.truncate(k_len);
+        bytes_pairs.push((key, VAddr(*va)));
+        rest = &tail[kw..];
+    }
+    if !rest.is_empty() {
+        return Err("bytes pairs do not fill their words".into());
+    }
+    Ok(Snapshot { versions, files, pairs, bytes_pairs })
 }

@@ -101,6 +101,82 @@ impl VolatileIndex for SccIndex {
     }
 }
 
+/// What NStore needs of the index of its variable-length keys (byte strings, a key space of
+/// their own beside the u64 keys); the same contract as [`VolatileIndex`].
+pub trait VolatileBytesIndex: Send + Sync + std::fmt::Debug {
+    /// The address of `key`'s newest entry.
+    fn get(&self, key: &[u8]) -> Option<VAddr>;
+    /// Maps `key` to `addr`. The caller holds `key`'s lock.
+    fn set(&self, key: &[u8], addr: VAddr);
+    /// Removes `key`; its address if it was present. The caller holds `key`'s lock.
+    fn remove(&self, key: &[u8]) -> Option<VAddr>;
+    /// Every `(key, addr)` pair, ascending.
+    fn pairs(&self) -> Vec<(Vec<u8>, VAddr)>;
+    /// Keys present.
+    fn len(&self) -> usize;
+    /// True when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Approximate DRAM bytes.
+    fn dram_bytes(&self) -> u64;
+}
+
+/// [`VolatileBytesIndex`] over `scc::TreeIndex` (same cell pattern as [`SccIndex`]).
+#[derive(Debug, Default)]
+pub struct SccBytesIndex {
+    tree: scc::TreeIndex<Box<[u8]>, Arc<AtomicU64>>,
+    /// Key bytes held (for `dram_bytes`).
+    key_bytes: AtomicU64,
+}
+
+impl SccBytesIndex {
+    /// An empty index.
+    pub fn new() -> SccBytesIndex {
+        SccBytesIndex::default()
+    }
+}
+
+impl VolatileBytesIndex for SccBytesIndex {
+    fn get(&self, key: &[u8]) -> Option<VAddr> {
+        // ORDERING: Acquire; as in SccIndex::get.
+        self.tree.peek_with(key, |_, v| VAddr(v.load(Ordering::Acquire)))
+    }
+
+    fn set(&self, key: &[u8], addr: VAddr) {
+        let stored = self.tree.peek_with(key, |_, v| v.store(addr.0, Ordering::Release));
+        if stored.is_none() {
+            // Absent: the caller holds the key lock, so nobody else inserts it meanwhile.
+            let _ = self.tree.insert_sync(key.into(), Arc::new(AtomicU64::new(addr.0)));
+            self.key_bytes.fetch_add(key.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn remove(&self, key: &[u8]) -> Option<VAddr> {
+        let old = self.get(key)?;
+        if self.tree.remove_sync(key) {
+            self.key_bytes.fetch_sub(key.len() as u64, Ordering::Relaxed);
+        }
+        Some(old)
+    }
+
+    fn pairs(&self) -> Vec<(Vec<u8>, VAddr)> {
+        let guard = scc::Guard::new();
+        self.tree
+            .iter(&guard)
+            .map(|(k, v)| (k.to_vec(), VAddr(v.load(Ordering::Acquire))))
+            .collect()
+    }
+
+    fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    fn dram_bytes(&self) -> u64 {
+        (self.len() as u64) * (16 + 16 + 24) * 4 / 3 + self.key_bytes.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +196,19 @@ mod tests {
         assert_eq!(ix.remove(5), Some(a(3)));
         assert_eq!(ix.remove(5), None);
         assert_eq!(ix.get(5), None);
+    }
+
+    #[test]
+    fn bytes_set_replace_remove_pairs() {
+        let ix = SccBytesIndex::new();
+        let a = |n| VAddr::new(0, 1, n, 5).unwrap();
+        ix.set(b"beta", a(1));
+        ix.set(b"alpha", a(2));
+        ix.set(b"beta", a(3));
+        assert_eq!(ix.get(b"beta"), Some(a(3)));
+        assert_eq!(ix.pairs(), vec![(b"alpha".to_vec(), a(2)), (b"beta".to_vec(), a(3))]);
+        assert_eq!(ix.remove(b"beta"), Some(a(3)));
+        assert_eq!(ix.get(b"beta"), None);
+        assert_eq!(ix.len(), 1);
     }
 }
