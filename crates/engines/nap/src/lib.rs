@@ -104,8 +104,26 @@ pub struct NapOptions<O> {
     /// Run the switch thread (hot-set identification); without it switches happen only
     /// through [`Nap::switch_to`].
     pub background: bool,
+    /// How a switch keeps operations consistent: the paper's three-phase switch (default) or,
+    /// for the contrast of Fig. 15, one global readers-writer lock.
+    pub switch_mode: SwitchMode,
     /// Called on the switching thread as a switch enters each [`phase`] (tests: crash points).
     pub phase_hook: PhaseHook,
+}
+
+/// How a NAL switch is synchronised with the index operations (papers/nap.txt §4.5, §6.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SwitchMode {
+    /// Listing 1: operations keep running; only writes to keys of the previous NAL (phase 2)
+    /// and, briefly, to keys of the new one (until the first grace period) wait.
+    #[default]
+    ThreePhase,
+    /// The paper's "conservative mechanism that uses a global readers-writer lock: the switch is
+    /// protected by the write lock, and every index operation is protected by the read lock",
+    /// with per-core reader indicators (each thread's slot): no operation runs while a switch
+    /// builds, installs, flushes and recycles. The persistent protocol (undo log, crash states,
+    /// recovery) is the same; only availability differs. For the comparison of Fig. 15.
+    GlobalLock,
 }
 
 /// A callback run as a switch enters each [`phase`]; none by default.
@@ -133,6 +151,7 @@ impl<O: Default> Default for NapOptions<O> {
             detect_uniform: true,
             min_count: 2,
             background: true,
+            switch_mode: SwitchMode::ThreePhase,
             phase_hook: PhaseHook::default(),
         }
     }
@@ -182,6 +201,7 @@ pub(crate) struct Shared<I> {
     pub stalled: AtomicBool,
     pub phase: AtomicU8,
     pub phase_hook: PhaseHook,
+    pub switch_mode: SwitchMode,
     pub counters: Counters,
 }
 
@@ -225,6 +245,7 @@ impl<I: Inner> Nap<I> {
             stalled: AtomicBool::new(false),
             phase: AtomicU8::new(phase::IDLE),
             phase_hook: opts.phase_hook.clone(),
+            switch_mode: opts.switch_mode,
             counters: Counters::default(),
         });
         let stop = Arc::new(AtomicBool::new(false));
