@@ -131,6 +131,8 @@ impl<I: Inner> Shared<I> {
             ("nap_nal_keys", keys),
             ("nap_nal_hits", get(&c.nal_hits)),
             ("nap_blocked_writes", get(&c.blocked_writes)),
+            ("nap_switch_us_total", get(&c.switch_us_total)),
+            ("nap_switch_us_max", get(&c.switch_us_max)),
             ("nap_record_buffer_bytes", rb),
             ("nap_sketch_bytes", sk),
             ("nap_heap_bytes", hp),

@@ -187,6 +187,10 @@ pub(crate) struct Counters {
     pub blocked_writes: AtomicU64,
     pub sketch_bytes: AtomicU64,
     pub heap_bytes: AtomicU64,
+    /// Wall time of completed switches (sum and longest), in microseconds: under
+    /// [`SwitchMode::GlobalLock`], how long operations stood still.
+    pub switch_us_total: AtomicU64,
+    pub switch_us_max: AtomicU64,
 }
 
 /// What the engine handle and the switch thread share.

@@ -182,7 +182,11 @@ impl<I: Inner> Shared<I> {
             self.enter(phase::IDLE); // there was no previous NAL to flush
         }
         self.counters.switches.fetch_add(1, Ordering::Relaxed);
-        Ok(SwitchReport { keys: n, flushed, elapsed: t0.elapsed(), unchanged: false })
+        let elapsed = t0.elapsed();
+        let us = elapsed.as_micros() as u64;
+        self.counters.switch_us_total.fetch_add(us, Ordering::Relaxed);
+        self.counters.switch_us_max.fetch_max(us, Ordering::Relaxed);
+        Ok(SwitchReport { keys: n, flushed, elapsed, unchanged: false })
     }
 
     /// Phases 2 (flush) and 3 (recycle) for the installed `pre`, if any. Caller holds the
