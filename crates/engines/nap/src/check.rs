@@ -129,7 +129,7 @@ impl<I: Inner> Shared<I> {
             ("nap_switches", get(&c.switches)),
             ("nap_switch_errors", get(&c.switch_errors)),
             ("nap_nal_keys", keys),
-            ("nap_nal_hits", get(&c.nal_hits)),
+            ("nap_nal_hits", c.nal_hits.iter().map(|h| get(h)).sum()),
             ("nap_blocked_writes", get(&c.blocked_writes)),
             ("nap_switch_us_total", get(&c.switch_us_total)),
             ("nap_switch_us_max", get(&c.switch_us_max)),

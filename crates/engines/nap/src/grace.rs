@@ -54,6 +54,8 @@ pub(crate) struct OpGuard<'a> {
     word: u64,
     /// Operations this thread has started (for sampling).
     pub count: u64,
+    /// The thread's dense id.
+    pub tid: usize,
 }
 
 impl Drop for OpGuard<'_> {
@@ -113,7 +115,7 @@ impl Grace {
                 }
             }
         }
-        let guard = OpGuard { slot, word, count: cnt };
+        let guard = OpGuard { slot, word, count: cnt, tid };
         let snap = self.snapshot();
         Ok((guard, snap))
     }

@@ -179,11 +179,13 @@ impl<O> NapOptions<O> {
 }
 
 /// Event counters (DRAM, per session).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Counters {
     pub switches: AtomicU64,
     pub switch_errors: AtomicU64,
-    pub nal_hits: AtomicU64,
+    /// Per dense thread id (own cache line each): a shared counter bumped by every NAL hit
+    /// would bounce one line between all cores on exactly the skewed workloads Nap serves.
+    pub nal_hits: Box<[crossbeam_utils::CachePadded<AtomicU64>]>,
     pub blocked_writes: AtomicU64,
     pub sketch_bytes: AtomicU64,
     pub heap_bytes: AtomicU64,
@@ -191,6 +193,34 @@ pub(crate) struct Counters {
     /// [`SwitchMode::GlobalLock`], how long operations stood still.
     pub switch_us_total: AtomicU64,
     pub switch_us_max: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            switches: AtomicU64::new(0),
+            switch_errors: AtomicU64::new(0),
+            nal_hits: (0..numakv_pmem::numa::MAX_THREADS)
+                .map(|_| crossbeam_utils::CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            blocked_writes: AtomicU64::new(0),
+            sketch_bytes: AtomicU64::new(0),
+            heap_bytes: AtomicU64::new(0),
+            switch_us_total: AtomicU64::new(0),
+            switch_us_max: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Counters {
+    /// Counts a NAL hit of thread `tid`.
+    #[inline]
+    pub fn hit(&self, tid: usize) {
+        if let Some(c) = self.nal_hits.get(tid) {
+            // ORDERING: Relaxed; a statistic, only this thread writes its counter.
+            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What the engine handle and the switch thread share.
