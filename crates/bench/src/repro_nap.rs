@@ -66,9 +66,8 @@ pub(crate) fn remote(
         EngineTarget::variant(name, desc, EngineKind::NapFastFair, &pairs)
             .map(|t| Arc::new(t) as Arc<dyn Target>)
     };
-    // fastfair and the two Nap settings only: the other engines have their own repros.
-    let _ = targets;
-    let chosen: Vec<Arc<dyn Target>> = crate::engines::all()
+    // fastfair and the two Nap settings always; the requested targets beside them.
+    let mut chosen: Vec<Arc<dyn Target>> = crate::engines::all()
         .into_iter()
         .filter(|t| t.name() == "fastfair")
         .chain([
@@ -80,11 +79,15 @@ pub(crate) fn remote(
             variant("nap-fastfair-hot2", "nap-fastfair, hot = 2% of the keys, sample 2", &wide)?,
         ])
         .collect();
+    let ours = ["fastfair", "nap-fastfair", "nap-fastfair-hot2"];
+    chosen.extend(targets.iter().filter(|t| !ours.contains(&t.name().as_str())).cloned());
     let mut workload = presets::by_name("nap-write-intensive")?;
     // YCSB's ZipfianGenerator over the loaded keys (hot keys scattered by the hashed key order).
     workload.dist = Dist::Zipf { theta: 0.99, scrambled: false };
-    let measured = 3.0 * opts.scale.clamp(0.5, 4.0);
-    let warm = 2.5; // five check periods: the first switch lands in the warm-up
+    let measured = (3.0 * opts.scale).clamp(0.3, 12.0);
+    // Five check periods, so the first switch lands in the warm-up (below scale 0.5, a smoke
+    // run: two).
+    let warm = if opts.scale >= 0.5 { 2.5 } else { 1.0 };
     let config = BenchConfig {
         keys: Some(keys),
         threads: vec![4],
@@ -270,8 +273,8 @@ fn shift_run(
         || store.stats().counters.iter().find(|c| c.0 == "nap_switches").map_or(0, |c| c.1);
     let total = || done.iter().map(|d| d.load(Ordering::Relaxed)).sum::<u64>();
     barrier.wait();
-    // Let the first switch happen before the plotted window.
-    std::thread::sleep(Duration::from_millis(1_000));
+    // Let the first switch happen before the plotted window (five checks; a smoke run: two).
+    std::thread::sleep(Duration::from_millis(if buckets < 100 { 400 } else { 1_000 }));
     let mut ops = Vec::with_capacity(buckets);
     let mut marks = Vec::new();
     let (mut last_ops, mut last_sw) = (total(), switches());
@@ -309,8 +312,9 @@ fn shift_run(
 pub(crate) fn shift(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)> {
     let keys = scaled(100_000, opts.scale, 10_000);
     let bucket = Duration::from_millis(10);
-    let buckets = 200usize;
-    let shift_at = 50usize;
+    let small = opts.scale < 0.5;
+    let buckets = if small { 60 } else { 200 };
+    let shift_at = if small { 20 } else { 50 };
     let scratch = opts.scratch.clone().unwrap_or_else(default_scratch);
     let mut runs = Vec::new();
     for mode in ["three-phase", "global-lock"] {
@@ -331,7 +335,7 @@ pub(crate) fn shift(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>
         &format!(
             "{keys} keys loaded into nap-fastfair (hot = {} keys, sample 4, check 0.2 s), 4 \
              threads on 2 emulated nodes, 50% lookup / 50% upsert, zipf-unscrambled 0.99; 1 s \
-             to settle, then {buckets} buckets of 10 ms, the hot set moving to other keys at \
+             (0.4 s at small scales) to settle, then {buckets} buckets of 10 ms, the hot set moving to other keys at \
              bucket {shift_at}; no latency emulation, no PM accounting",
             keys / 20
         ),
