@@ -35,6 +35,7 @@ pub mod presets;
 pub mod report;
 pub mod repro;
 mod repro_f3tree;
+mod repro_nap;
 mod repro_nobtree;
 pub mod repro_nstore;
 pub mod runner;

@@ -99,6 +99,16 @@ pub const REPROS: &[ReproInfo] = &[
         source: "papers/f3tree.txt §5.2.1 Fig. 6",
     },
     ReproInfo {
+        name: "nap-remote",
+        title: "remote PM accesses and throughput, nap-fastfair beside fastfair (write-intensive); Nap's memory",
+        source: "papers/nap.txt §6.2 Fig. 13, §6.7 Table 1",
+    },
+    ReproInfo {
+        name: "nap-shift",
+        title: "throughput per 10 ms across a hotspot change: three-phase vs global-lock switch",
+        source: "papers/nap.txt §6.5 Fig. 15",
+    },
+    ReproInfo {
         name: "recovery",
         title: "recovery time after a crash versus key count",
         source:
@@ -187,6 +197,8 @@ pub fn run(
         "f3tree-numa" => crate::repro_f3tree::numa(targets, opts, progress)?,
         "f3tree-read" => crate::repro_f3tree::read(targets, opts, progress)?,
         "f3tree-folimit" => crate::repro_f3tree::fo_limit(targets, opts, progress)?,
+        "nap-remote" => crate::repro_nap::remote(targets, opts, progress)?,
+        "nap-shift" => crate::repro_nap::shift(opts)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

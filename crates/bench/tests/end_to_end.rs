@@ -282,8 +282,12 @@ fn repros_run_on_peers() {
         assert!(out.files.iter().all(|f| f.exists()));
         let md = std::fs::read_to_string(dir.path().join(format!("{}.md", info.name))).unwrap();
         // nobtree-migration is engine-specific (nobtree with and without its coordinator).
-        let named =
-            if info.name == "nobtree-migration" { "nobtree-nomigrate" } else { "scc-treeindex" };
+        // nap-shift too (nap-fastfair with each switch mode).
+        let named = match info.name {
+            "nobtree-migration" => "nobtree-nomigrate",
+            "nap-shift" => "global-lock",
+            _ => "scc-treeindex",
+        };
         assert!(md.contains("## Our measurement") && md.contains(named), "{}", info.name);
         assert!(md.contains("claim"));
     }

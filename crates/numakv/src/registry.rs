@@ -19,7 +19,7 @@ use std::time::Duration;
 use numakv_f3tree::{Evaluation, F3Tree, F3TreeOptions};
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::Engine;
-use numakv_nap::{Nap, NapOptions};
+use numakv_nap::{Nap, NapOptions, SwitchMode};
 use numakv_nbtree::{NbTree, NbTreeOptions, Variant as NbTreeVariant};
 use numakv_nobtree::{Nobtree, NobtreeOptions};
 use numakv_nstore::{CacheMode, NStore, NStoreOptions};
@@ -437,6 +437,10 @@ const NAP_OWN_KEYS: &[OptionKey] = &[
         key: "background",
         help: "run the switch thread: true | false (false: no switches)",
     },
+    OptionKey {
+        key: "switch_mode",
+        help: "NAL switch: three-phase (the paper's) | global-lock (Fig. 15's contrast)",
+    },
 ];
 
 /// `a` then `b`, as one array (option tables of layered engines, built at compile time).
@@ -539,6 +543,17 @@ impl<O: NapRawConfig> EngineConfig for NapOptions<O> {
             "sketch_width" => self.sketch_width = parse(key, value)?,
             "detect_uniform" => self.detect_uniform = parse(key, value)?,
             "background" => self.background = parse(key, value)?,
+            "switch_mode" => {
+                self.switch_mode = match value {
+                    "three-phase" => SwitchMode::ThreePhase,
+                    "global-lock" => SwitchMode::GlobalLock,
+                    _ => {
+                        return Err(format!(
+                            "switch_mode: {value:?} is not three-phase | global-lock"
+                        ))
+                    }
+                }
+            }
             _ if O::KEYS.iter().any(|k| k.key == key) => self.inner.set(key, value)?,
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
@@ -554,6 +569,14 @@ impl<O: NapRawConfig> EngineConfig for NapOptions<O> {
             ("sketch_width", self.sketch_width.to_string()),
             ("detect_uniform", self.detect_uniform.to_string()),
             ("background", self.background.to_string()),
+            (
+                "switch_mode",
+                match self.switch_mode {
+                    SwitchMode::ThreePhase => "three-phase",
+                    SwitchMode::GlobalLock => "global-lock",
+                }
+                .to_string(),
+            ),
         ];
         v.extend(self.inner.values());
         v

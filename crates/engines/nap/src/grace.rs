@@ -15,7 +15,7 @@
 //! did not see, the fences order the switch's publication before the operation's pointer reads,
 //! so it sees the new pointers; an operation the switch did see has ended before the wait ends.
 
-use std::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use numakv_index::{Error, Result};
@@ -41,6 +41,10 @@ pub(crate) struct Grace {
     /// on this word rather than on the NAL, which they must not dereference outside an
     /// operation.
     unwritable: AtomicPtr<Nal>,
+    /// Global-lock switch mode ([`crate::SwitchMode::GlobalLock`]): set while a switch runs;
+    /// operations do not start meanwhile. The per-thread slots are the per-core reader
+    /// indicators of the paper's contrast (§6.5), this flag the writer's.
+    blocked: CachePadded<AtomicBool>,
 }
 
 /// An operation in progress; ends it (clears `running`) when dropped.
@@ -50,6 +54,8 @@ pub(crate) struct OpGuard<'a> {
     word: u64,
     /// Operations this thread has started (for sampling).
     pub count: u64,
+    /// The thread's dense id.
+    pub tid: usize,
 }
 
 impl Drop for OpGuard<'_> {
@@ -68,6 +74,7 @@ impl Grace {
             cur: AtomicPtr::new(std::ptr::null_mut()),
             pre: AtomicPtr::new(std::ptr::null_mut()),
             unwritable: AtomicPtr::new(std::ptr::null_mut()),
+            blocked: CachePadded::new(AtomicBool::new(false)),
         }
     }
 
@@ -80,11 +87,35 @@ impl Grace {
         // ORDERING: only this thread writes its slot.
         let cnt = (slot.load(Ordering::Relaxed) >> 1).wrapping_add(1);
         let word = (cnt << 1) | 1;
-        slot.store(word, Ordering::Relaxed);
-        // ORDERING: SeqCst fence: the `running` store is ordered before the pointer loads below
-        // (store→load); pairs with the fence in `wait_grace_period` (see the module docs).
-        fence(Ordering::SeqCst);
-        let guard = OpGuard { slot, word, count: cnt };
+        loop {
+            slot.store(word, Ordering::Relaxed);
+            // ORDERING: SeqCst fence: the `running` store is ordered before the pointer loads
+            // below and the `blocked` load (store→load); pairs with the fence in
+            // `wait_grace_period` (see the module docs).
+            fence(Ordering::SeqCst);
+            // ORDERING: Relaxed after the fence: either the blocking switch sees `running` in
+            // its grace period and waits for us, or we see `blocked` here (Dekker, as above).
+            if !self.blocked.load(Ordering::Relaxed) {
+                break;
+            }
+            // A global-lock switch runs: step back (so it does not wait for us) until it ends.
+            // ORDERING: Release, as in OpGuard::drop.
+            slot.store(word & !1, Ordering::Release);
+            let mut spins = 0u32;
+            // ORDERING: Acquire pairs with the Release in `unblock`: the switch's pointer
+            // publication is visible to the operation that follows.
+            while self.blocked.load(Ordering::Acquire) {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else if spins < 1_000 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                }
+            }
+        }
+        let guard = OpGuard { slot, word, count: cnt, tid };
         let snap = self.snapshot();
         Ok((guard, snap))
     }
@@ -150,6 +181,22 @@ impl Grace {
         self.pre.store(pre, Ordering::Release);
         // ORDERING: Release: a reader that sees the even sequence sees both pointers.
         self.seq.store(s + 2, Ordering::Release);
+    }
+
+    /// Global-lock mode: stops new operations and waits until every running one has ended (the
+    /// writer side of the global readers-writer lock). Switch thread only, under the switch lock.
+    pub fn block(&self) {
+        // ORDERING: the store is ordered before the slot loads by the SeqCst fence at the start
+        // of `wait_grace_period` (Dekker with `begin`).
+        self.blocked.store(true, Ordering::Relaxed);
+        self.wait_grace_period();
+    }
+
+    /// Lets operations run again after [`Grace::block`].
+    pub fn unblock(&self) {
+        // ORDERING: Release: everything the switch did is visible to operations that see the
+        // flag cleared (Acquire in `begin`).
+        self.blocked.store(false, Ordering::Release);
     }
 
     /// Waits until every operation that might have read the pointers before the last `publish`

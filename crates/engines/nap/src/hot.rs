@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use numakv_pmem::numa::{self, MAX_THREADS};
+use numakv_pmem::numa::MAX_THREADS;
 
 /// One record: timestamp (ns since the recorder started, +1 so 0 means empty) and key.
 #[derive(Debug, Default)]
@@ -50,13 +50,19 @@ impl Recorder {
         self.epoch.elapsed().as_nanos() as u64 + 1
     }
 
-    /// Called by every operation with the thread's operation count: records one in `sample`.
+    /// Called by every operation with the thread's dense id and operation count: records one
+    /// in `sample`.
     #[inline]
-    pub fn sample(&self, count: u64, key: u64) {
-        if self.sample == 0 || count % self.sample != 0 {
+    pub fn sample(&self, tid: usize, count: u64, key: u64) {
+        // A mask for power-of-two intervals (the default 32): no division on every operation.
+        let skip = if self.sample.is_power_of_two() {
+            count & (self.sample - 1) != 0
+        } else {
+            self.sample == 0 || count % self.sample != 0
+        };
+        if skip || tid >= self.bufs.len() {
             return;
         }
-        let Ok(tid) = numa::try_tid() else { return };
         let buf = self.bufs[tid].get_or_init(|| RecordBuf {
             records: (0..self.capacity).map(|_| Record::default()).collect(),
             head: AtomicU64::new(0),
@@ -409,7 +415,7 @@ mod tests {
         // Skewed: keys 1..=10 dominate.
         for i in 0..20_000u64 {
             let k = if i % 2 == 0 { (i / 2) % 10 + 1 } else { 1_000_000 + i };
-            rec.sample(i, k);
+            rec.sample(0, i, k);
         }
         d.digest(&rec);
         match d.decide(&[]) {
@@ -418,13 +424,13 @@ mod tests {
         }
         // Same hot set again: keep.
         for i in 20_000..40_000u64 {
-            rec.sample(i, if i % 2 == 0 { (i / 2) % 10 + 1 } else { 1_000_000 + i });
+            rec.sample(0, i, if i % 2 == 0 { (i / 2) % 10 + 1 } else { 1_000_000 + i });
         }
         d.digest(&rec);
         assert_eq!(d.decide(&(1..=10).collect::<Vec<_>>()), Decision::Keep);
         // Uniform over a large space: the empty NAL.
         for i in 40_000..60_000u64 {
-            rec.sample(i, i * 7919);
+            rec.sample(0, i, i * 7919);
         }
         d.digest(&rec);
         assert_eq!(d.decide(&(1..=10).collect::<Vec<_>>()), Decision::Switch(vec![]));

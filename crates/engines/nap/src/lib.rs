@@ -124,8 +124,26 @@ pub struct NapOptions<O> {
     /// Run the switch thread (hot-set identification); without it switches happen only
     /// through [`Nap::switch_to`].
     pub background: bool,
+    /// How a switch keeps operations consistent: the paper's three-phase switch (default) or,
+    /// for the contrast of Fig. 15, one global readers-writer lock.
+    pub switch_mode: SwitchMode,
     /// Called on the switching thread as a switch enters each [`phase`] (tests: crash points).
     pub phase_hook: PhaseHook,
+}
+
+/// How a NAL switch is synchronised with the index operations (papers/nap.txt §4.5, §6.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SwitchMode {
+    /// Listing 1: operations keep running; only writes to keys of the previous NAL (phase 2)
+    /// and, briefly, to keys of the new one (until the first grace period) wait.
+    #[default]
+    ThreePhase,
+    /// The paper's "conservative mechanism that uses a global readers-writer lock: the switch is
+    /// protected by the write lock, and every index operation is protected by the read lock",
+    /// with per-core reader indicators (each thread's slot): no operation runs while a switch
+    /// builds, installs, flushes and recycles. The persistent protocol (undo log, crash states,
+    /// recovery) is the same; only availability differs. For the comparison of Fig. 15.
+    GlobalLock,
 }
 
 /// A callback run as a switch enters each [`phase`]; none by default.
@@ -153,6 +171,7 @@ impl<O: Default> Default for NapOptions<O> {
             detect_uniform: true,
             min_count: 2,
             background: true,
+            switch_mode: SwitchMode::ThreePhase,
             phase_hook: PhaseHook::default(),
         }
     }
@@ -180,14 +199,48 @@ impl<O> NapOptions<O> {
 }
 
 /// Event counters (DRAM, per session).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Counters {
     pub switches: AtomicU64,
     pub switch_errors: AtomicU64,
-    pub nal_hits: AtomicU64,
+    /// Per dense thread id (own cache line each): a shared counter bumped by every NAL hit
+    /// would bounce one line between all cores on exactly the skewed workloads Nap serves.
+    pub nal_hits: Box<[crossbeam_utils::CachePadded<AtomicU64>]>,
     pub blocked_writes: AtomicU64,
     pub sketch_bytes: AtomicU64,
     pub heap_bytes: AtomicU64,
+    /// Wall time of completed switches (sum and longest), in microseconds: under
+    /// [`SwitchMode::GlobalLock`], how long operations stood still.
+    pub switch_us_total: AtomicU64,
+    pub switch_us_max: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            switches: AtomicU64::new(0),
+            switch_errors: AtomicU64::new(0),
+            nal_hits: (0..numakv_pmem::numa::MAX_THREADS)
+                .map(|_| crossbeam_utils::CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            blocked_writes: AtomicU64::new(0),
+            sketch_bytes: AtomicU64::new(0),
+            heap_bytes: AtomicU64::new(0),
+            switch_us_total: AtomicU64::new(0),
+            switch_us_max: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Counters {
+    /// Counts a NAL hit of thread `tid`.
+    #[inline]
+    pub fn hit(&self, tid: usize) {
+        if let Some(c) = self.nal_hits.get(tid) {
+            // ORDERING: Relaxed; a statistic, only this thread writes its counter.
+            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What the engine handle and the switch thread share.
@@ -202,6 +255,7 @@ pub(crate) struct Shared<I> {
     pub stalled: AtomicBool,
     pub phase: AtomicU8,
     pub phase_hook: PhaseHook,
+    pub switch_mode: SwitchMode,
     pub counters: Counters,
 }
 
@@ -245,6 +299,7 @@ impl<I: Inner> Nap<I> {
             stalled: AtomicBool::new(false),
             phase: AtomicU8::new(phase::IDLE),
             phase_hook: opts.phase_hook.clone(),
+            switch_mode: opts.switch_mode,
             counters: Counters::default(),
         });
         let stop = Arc::new(AtomicBool::new(false));

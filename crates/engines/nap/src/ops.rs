@@ -86,10 +86,10 @@ impl<I: Inner> Shared<I> {
     pub(crate) fn get(&self, key: u64) -> Result<Option<u64>> {
         check_key(key)?;
         let (op, snap) = self.grace.begin()?;
-        self.hot.sample(op.count, key);
+        self.hot.sample(op.tid, op.count, key);
         if let Some(cur) = snap.cur {
             if let Some(i) = cur.find(key) {
-                self.counters.nal_hits.fetch_add(1, Ordering::Relaxed);
+                self.counters.hit(op.tid);
                 let st = *cur.entries[i].state.read();
                 if st.resolved {
                     return Ok(st.value);
@@ -122,8 +122,8 @@ impl<I: Inner> Shared<I> {
         loop {
             let route = {
                 let (op, snap) = self.grace.begin()?;
-                self.hot.sample(op.count, key);
-                self.route_write(&snap, key, w)?
+                self.hot.sample(op.tid, op.count, key);
+                self.route_write(&snap, op.tid, key, w)?
             };
             match route {
                 Route::Done(r) => return Ok(r),
@@ -136,7 +136,7 @@ impl<I: Inner> Shared<I> {
         }
     }
 
-    fn route_write(&self, snap: &Snapshot<'_>, key: u64, w: Write) -> Result<Route> {
+    fn route_write(&self, snap: &Snapshot<'_>, tid: usize, key: u64, w: Write) -> Result<Route> {
         if let Some(cur) = snap.cur {
             if let Some(i) = cur.find(key) {
                 // ORDERING: Acquire pairs with the Release that marks the NAL writable after
@@ -144,7 +144,7 @@ impl<I: Inner> Shared<I> {
                 if !cur.writable.load(Ordering::Acquire) {
                     return Ok(Route::WaitWritable(cur));
                 }
-                self.counters.nal_hits.fetch_add(1, Ordering::Relaxed);
+                self.counters.hit(tid);
                 return self.write_nal(snap, cur, i, key, w).map(Route::Done);
             }
         }

@@ -20,7 +20,7 @@ use numakv_pmem::{PPtr, Pool, PoolError};
 use crate::hot::{Decision, Detector, DetectorConfig};
 use crate::layout::{SLOT_CUR, SLOT_GC, SLOT_PRE, SLOT_UNDO, SLOT_UNDO_STATE};
 use crate::nal::Nal;
-use crate::{Inner, Shared};
+use crate::{Inner, Shared, SwitchMode};
 
 /// Phase of the switch in progress (0: none), for tests and stats.
 pub mod phase {
@@ -109,6 +109,19 @@ impl<I: Inner> Shared<I> {
     pub(crate) fn switch_to(&self, keys: &[u64]) -> Result<SwitchReport> {
         let t0 = Instant::now();
         let mut seq = self.switch_lock.lock();
+        if self.switch_mode == SwitchMode::GlobalLock {
+            // The write side of the global lock for the whole switch: no operation runs, so
+            // the grace periods inside return at once and no write ever waits on a NAL.
+            self.grace.block();
+            let r = self.switch_locked(&mut seq, keys, t0);
+            self.grace.unblock();
+            return r;
+        }
+        self.switch_locked(&mut seq, keys, t0)
+    }
+
+    /// The switch proper; the caller holds the switch lock (`seq`).
+    fn switch_locked(&self, seq: &mut u64, keys: &[u64], t0: Instant) -> Result<SwitchReport> {
         // A previous switch that stalled in phase 2 is finished first: one switch at a time.
         let mut flushed = self.finish_pending()?;
         let mut keys: Vec<u64> = keys.iter().copied().filter(|&k| check_key(k).is_ok()).collect();
@@ -119,7 +132,12 @@ impl<I: Inner> Shared<I> {
         // frees NALs.
         let old_keys = unsafe { old.as_ref() }.map_or(&[][..], |n| &n.keys[..]);
         if old_keys == &keys[..] {
-            return Ok(SwitchReport { keys: keys.len(), unchanged: true, ..Default::default() });
+            return Ok(SwitchReport {
+                keys: keys.len(),
+                flushed,
+                unchanged: true,
+                ..Default::default()
+            });
         }
         // Phase 1: build, log, publish.
         self.enter(phase::INSTALL);
@@ -164,7 +182,11 @@ impl<I: Inner> Shared<I> {
             self.enter(phase::IDLE); // there was no previous NAL to flush
         }
         self.counters.switches.fetch_add(1, Ordering::Relaxed);
-        Ok(SwitchReport { keys: n, flushed, elapsed: t0.elapsed(), unchanged: false })
+        let elapsed = t0.elapsed();
+        let us = elapsed.as_micros() as u64;
+        self.counters.switch_us_total.fetch_add(us, Ordering::Relaxed);
+        self.counters.switch_us_max.fetch_max(us, Ordering::Relaxed);
+        Ok(SwitchReport { keys: n, flushed, elapsed, unchanged: false })
     }
 
     /// Phases 2 (flush) and 3 (recycle) for the installed `pre`, if any. Caller holds the
@@ -270,7 +292,14 @@ pub(crate) fn run<I: Inner>(shared: Arc<Shared<I>>, stop: Arc<AtomicBool>, cfg: 
         det.digest(&shared.hot);
         if shared.stalled.load(Ordering::Acquire) {
             let _g = shared.switch_lock.lock();
+            let global = shared.switch_mode == SwitchMode::GlobalLock;
+            if global {
+                shared.grace.block();
+            }
             let _ = shared.finish_pending();
+            if global {
+                shared.grace.unblock();
+            }
         }
         if last.elapsed() < cfg.period {
             continue;
