@@ -752,7 +752,7 @@ fn run_one(
     load_bar.finish_and_clear();
 
     // Run.
-    let dist_proto = workload.dist.chooser(preloaded, 0, threads)?;
+    let dist_proto = workload.dist.chooser(workload.key_space(preloaded), 0, threads)?;
     let shared = Shared {
         index,
         space: crate::workload::KeySpace::new(preloaded),

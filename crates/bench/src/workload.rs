@@ -290,6 +290,11 @@ pub struct Workload {
     /// Inserts of fresh keys are issued as blind writes (`upsert`, which reports nothing), as
     /// papers whose insert does not look for the key first measure them (papers/f3tree.txt W1).
     pub blind_inserts: bool,
+    /// Operations on existing keys draw from this many times the loaded keys (1: the loaded
+    /// keys only). Above 1, draws can name keys that are absent — a lookup misses, an upsert
+    /// inserts — as in papers/nap.txt §6.1 (16M keys loaded of a 200M key space: 12.5). For
+    /// mixes without fresh inserts ([`OpKind::Insert`] claims indices above the loaded ones).
+    pub key_space_factor: f64,
 }
 
 impl Workload {
@@ -307,6 +312,22 @@ impl Workload {
             default_ops: 200_000,
             consumes_keys: false,
             blind_inserts: false,
+            key_space_factor: 1.0,
+        }
+    }
+
+    /// Draws keys from `factor` times the loaded keys ([`Workload::key_space_factor`]).
+    pub fn with_key_space_factor(mut self, factor: f64) -> Workload {
+        self.key_space_factor = factor;
+        self
+    }
+
+    /// The key indices operations on existing keys draw from, with `loaded` keys loaded.
+    pub fn key_space(&self, loaded: u64) -> u64 {
+        if self.key_space_factor > 1.0 {
+            (loaded as f64 * self.key_space_factor).round() as u64
+        } else {
+            loaded
         }
     }
 
@@ -353,6 +374,19 @@ impl Workload {
     /// [`BenchError::Config`].
     pub fn validate(&self) -> Result<()> {
         self.mix.validate()?;
+        if !(self.key_space_factor >= 1.0 && self.key_space_factor.is_finite()) {
+            return Err(BenchError::Config(format!(
+                "key space factor {} must be at least 1",
+                self.key_space_factor
+            )));
+        }
+        if self.key_space_factor > 1.0 && self.mix.share(OpKind::Insert) > 0.0 {
+            return Err(BenchError::Config(
+                "a key space larger than the loaded keys needs a mix without fresh inserts \
+                 (use upsert)"
+                    .into(),
+            ));
+        }
         self.dist.validate()
     }
 
@@ -370,6 +404,9 @@ impl Workload {
         }
         if self.blind_inserts {
             s += ", inserts as blind upserts";
+        }
+        if self.key_space_factor > 1.0 {
+            s += &format!(", keys from {}x the loaded keys", self.key_space_factor);
         }
         s
     }
@@ -443,6 +480,8 @@ pub struct OpStream {
     shift_at: Option<u64>,
     issued: u64,
     blind_inserts: bool,
+    /// [`Workload::key_space`], when larger than the loaded keys.
+    key_space: Option<u64>,
 }
 
 impl OpStream {
@@ -485,9 +524,10 @@ impl OpStream {
             }
             _ => None,
         };
+        let key_space = (workload.key_space(n) > n).then(|| workload.key_space(n));
         OpStream {
             rng: SmallRng::seed_from_u64(mix_seed(seed, worker as u64 + 1)),
-            chooser: proto.for_worker(n, worker, workers),
+            chooser: proto.for_worker(key_space.unwrap_or(n), worker, workers),
             table,
             cycle,
             pos: 0,
@@ -497,6 +537,7 @@ impl OpStream {
             shift_at,
             issued: 0,
             blind_inserts: workload.blind_inserts,
+            key_space,
         }
     }
 
@@ -526,7 +567,10 @@ impl OpStream {
         self.issued += 1;
         let index = match kind {
             OpKind::Insert => space.claim(),
-            _ => self.chooser.next(&mut self.rng, space.count(), shifted),
+            _ => {
+                let n = self.key_space.unwrap_or_else(|| space.count());
+                self.chooser.next(&mut self.rng, n, shifted)
+            }
         };
         let value = self.rng.gen::<u64>();
         let scan_len = if kind == OpKind::Scan { self.scan_len.draw(&mut self.rng) } else { 0 };
@@ -575,6 +619,30 @@ mod tests {
         assert_eq!(kinds.iter().filter(|&&k| k == OpKind::Insert).count(), 8);
         assert_eq!(kinds.iter().filter(|&&k| k == OpKind::Remove).count(), 2);
         assert_eq!(space.count(), 108, "each insert claimed a fresh index");
+    }
+
+    #[test]
+    fn a_larger_key_space_draws_absent_keys_too() {
+        let w = Workload::new("ks", Mix::new(&[(OpKind::Get, 1), (OpKind::Upsert, 1)]))
+            .with_dist(Dist::Uniform)
+            .with_key_space_factor(12.5);
+        w.validate().unwrap();
+        assert_eq!(w.key_space(1000), 12_500);
+        let proto = w.dist.chooser(w.key_space(1000), 0, 1).unwrap();
+        let space = KeySpace::new(1000);
+        let mut s = OpStream::new(&w, &proto, 1000, 0, 1, 1, 0);
+        let loaded: HashSet<u64> = (0..1000).map(|i| KeyOrder::Hashed.key(i)).collect();
+        let absent =
+            (0..10_000).filter(|_| !loaded.contains(&s.next_op(&space, false).key)).count();
+        // 11 500 of 12 500 indices are absent: about 92% of uniform draws.
+        assert!((8_800..9_600).contains(&absent), "{absent} of 10 000 draws absent");
+        assert_eq!(space.count(), 1000, "no index was claimed");
+        let bad = Workload::new("ks", Mix::only(OpKind::Insert)).with_key_space_factor(2.0);
+        assert!(bad.validate().is_err());
+        assert!(Workload::new("ks", Mix::only(OpKind::Get))
+            .with_key_space_factor(0.5)
+            .validate()
+            .is_err());
     }
 
     #[test]
