@@ -99,16 +99,16 @@ impl NbTree {
             }
             let blk = self.blk(leaf.data);
             if let Some(i) = leaf.find(&blk, key) {
-                if upsert {
-                    self.write_existing(leaf, i, key, value, g);
+                if upsert && !self.write_existing(leaf, i, key, value, g) {
+                    continue; // the instance was removed meanwhile: insert afresh
                 }
                 return Ok(false);
             }
             match self.leaf_insert(leaf, key, value)? {
                 InsertOutcome::Inserted => return Ok(true),
                 InsertOutcome::Present(i) => {
-                    if upsert {
-                        self.write_existing(leaf, i, key, value, g);
+                    if upsert && !self.write_existing(leaf, i, key, value, g) {
+                        continue;
                     }
                     return Ok(false);
                 }
@@ -228,36 +228,74 @@ impl NbTree {
             }
             let blk = self.blk(leaf.data);
             let Some(i) = leaf.find(&blk, key) else { return Ok(false) };
-            self.write_existing(leaf, i, key, value, g);
-            return Ok(true);
+            return Ok(self.write_existing(leaf, i, key, value, g));
         }
     }
 
-    /// In-place update of slot `i` of `leaf`, then sync-on-write along the chain of SMO copies.
+    /// In-place update of slot `i` of `leaf`, then sync-on-write along the chain of SMO copies;
+    /// false when the instance of `key` in slot `i` turned out to be removed (the update did
+    /// not take effect: the caller reports "absent", or an upsert inserts afresh).
+    ///
     /// Updates always write the leaf they found first (the paper's rule: before the SMO's PM
-    /// link only the old leaf survives a crash), sealed or not.
-    fn write_existing<'g>(&self, leaf: &'g LeafMeta, i: usize, key: u64, value: u64, g: &'g Guard) {
+    /// link only the old leaf survives a crash), sealed or not. A writer preempted across the
+    /// leaf's SMO may find, walking the copies, that a delete run on a copy removed the
+    /// instance it wrote (before the fix it returned true for a removed key). It then removes
+    /// the instance from every leaf it wrote — exactly the delete's own mirror into the old
+    /// leaf, idempotent — before returning false: a value it wrote into a leaf that is still
+    /// the durable one (before the SMO's PM link) must not survive a crash behind a live key
+    /// once the update has reported that it did nothing (docs/design.md "NBTree", Open items).
+    fn write_existing<'g>(
+        &self,
+        leaf: &'g LeafMeta,
+        i: usize,
+        key: u64,
+        value: u64,
+        g: &'g Guard,
+    ) -> bool {
         let blk = self.blk(leaf.data);
         leaf.direct_store(&blk, i, value);
         // PERSIST: one flush per update (ADR).
         self.pool.persist_obj(blk.entry(i));
-        self.sync_on_write(leaf, i, key, g);
+        if self.sync_on_write(leaf, i, key, g) {
+            return true;
+        }
+        let e = blk.entry(i);
+        // ORDERING: Release CAS, as every key removal (the mirror of the delete that removed
+        // the instance from a copy).
+        let _ = e.key.compare_exchange(key, 0, Ordering::Release, Ordering::Relaxed);
+        // PERSIST: the mirrored removal is durable before we report "absent".
+        self.pool.persist_obj(e);
+        self.sync_delete(leaf, i, key, g);
+        false
     }
 
     /// Sync-on-write: while the leaf written has an SMO copy, bring the copy's entry up to date
     /// unless a direct write there is newer (tag state 0), following the copies' own SMOs.
-    fn sync_on_write<'g>(&self, mut src: &'g LeafMeta, mut i: usize, key: u64, g: &'g Guard) {
+    /// Only the copy of the instance written (`src` matches) is touched: a copied slot holding
+    /// a later instance of the key (removed and inserted again in the old leaf before the copy
+    /// phase) belongs to others, and tagging it SYNC would make the sync phase skip it.
+    /// Returns false when that instance is gone from a copy (a delete removed it there).
+    fn sync_on_write<'g>(
+        &self,
+        mut src: &'g LeafMeta,
+        mut i: usize,
+        key: u64,
+        g: &'g Guard,
+    ) -> bool {
         loop {
             if !src.in_smo() {
-                return;
+                return true;
             }
             let nl = src.copy_ptr();
             if nl.is_null() {
-                return; // copy phase: the sync phase will pick our write up
+                return true; // copy phase: the sync phase will pick our write up
             }
             let tgt = self.copy_target(self.meta(nl, g), key, g);
             let tb = self.blk(tgt.data);
-            let Some(j) = tgt.find(&tb, key) else { return };
+            let Some(j) = tgt.find(&tb, key) else { return false };
+            if j as u32 >= tgt.copied || tgt.src[j] as usize != i {
+                return false; // our instance was removed; this one was inserted later
+            }
             let sb = self.blk(src.data);
             let synced = tgt.tagged_store(
                 j,
@@ -271,7 +309,7 @@ impl NbTree {
                 },
             );
             if !synced {
-                return;
+                return true; // a direct write in the copy is newer: ours precedes it
             }
             // PERSIST: the synchronised value is durable in the new leaf before we return.
             self.pool.persist_obj(tb.entry(j));
@@ -423,6 +461,64 @@ mod tests {
             drop(g);
             t.check().unwrap();
         }
+    }
+
+    /// update(k) that found `k` in a leaf before the leaf's whole SMO, after a delete on the
+    /// copy removed `k`: it must report "absent" (before the fix it wrote the retired leaf,
+    /// found nothing to synchronise and returned true for a removed key), and its value must
+    /// not appear anywhere.
+    #[test]
+    fn stale_update_after_smo_and_delete_reports_absent() {
+        for coupled in [false, true] {
+            let t = tree(coupled);
+            let g = epoch::pin();
+            let old = stale_leaf(&t, &g);
+            assert!(t.remove(2).unwrap());
+            assert!(!t.update_from(old, 2, 77, &g).unwrap(), "coupled={coupled}");
+            assert_eq!(t.get(2).unwrap(), None);
+            // The stale write's instance is gone from the retired leaf too (the mirror).
+            let ob = t.blk(old.data);
+            assert_eq!(old.find(&ob, 2), None);
+            // A stale update whose instance is still live in the copy succeeds there.
+            assert!(t.update_from(old, 3, 33, &g).unwrap());
+            assert_eq!(t.get(3).unwrap(), Some(33));
+            for k in [1, 4] {
+                assert_eq!(t.get(k).unwrap(), Some(k * 10));
+            }
+            drop(g);
+            t.check().unwrap();
+        }
+    }
+
+    /// A stale update of a removed instance (slot `i`) must not touch the copy of a later
+    /// instance of the key (slot `m`, inserted again before the copy phase): before the fix
+    /// its sync-on-write tagged that copy SYNC, and the sync phase then skipped it, losing an
+    /// update of the new instance that landed in the old leaf while the copy was being made.
+    #[test]
+    fn stale_update_spares_the_copy_of_a_reinserted_key() {
+        let t = tree(false);
+        let g = epoch::pin();
+        assert!(t.insert(1, 10).unwrap());
+        assert!(t.insert(2, 20).unwrap());
+        let leaf = t.find_leaf(2, &g);
+        let blk = t.blk(leaf.data);
+        let old_slot = leaf.find(&blk, 2).unwrap();
+        assert!(t.remove(2).unwrap());
+        assert!(t.insert(2, 21).unwrap());
+        let new_slot = leaf.find(&blk, 2).unwrap();
+        assert_ne!(new_slot, old_slot);
+        // The copy phase only, as a helper preempted after it leaves it.
+        leaf.bitmap.fetch_or(crate::leaf::SMO_BIT, std::sync::atomic::Ordering::SeqCst);
+        t.copy_phase(leaf, &g).unwrap();
+        // An update of the new instance whose sync-on-write ran before the copy was published
+        // (it saw no copy and left the value to the sync phase): its store, alone.
+        blk.entry(new_slot).val.store(55, std::sync::atomic::Ordering::Release);
+        // The stale update of the removed instance.
+        assert!(!t.write_existing(leaf, old_slot, 2, 77, &g));
+        t.smo(leaf, &g).unwrap();
+        assert_eq!(t.get(2).unwrap(), Some(55));
+        drop(g);
+        t.check().unwrap();
     }
 
     /// A delete in the old leaf before its SMO's sync pass (copy published, not synced) is
