@@ -144,11 +144,17 @@ impl NbTree {
             blk.pm_fp(pos).store(fp, Ordering::Relaxed);
         }
         let mine = 1u64 << pos;
+        // Pending before the commit: a checker that sees our commit bit sees this bit too
+        // (leaf.rs, the pending word).
+        // ORDERING: Relaxed; published by the commit CAS (Release) that follows.
+        leaf.pending.fetch_or(mine, Ordering::Relaxed);
         let mut checked = 0u64;
         loop {
-            // ORDERING: Acquire; pairs with other inserts' commit CAS and pending release.
+            // ORDERING: Acquire; pairs with other inserts' commit CAS.
             let b = leaf.bitmap.load(Ordering::Acquire);
             if b & SMO_BIT != 0 {
+                // ORDERING: Release; pairs with the Acquire of wait_pending.
+                leaf.pending.fetch_and(!mine, Ordering::Release);
                 return Ok(InsertOutcome::Smo); // the slot stays uncommitted: never an entry
             }
             let mut fresh = b & COMMIT_MASK & !checked;
@@ -160,12 +166,17 @@ impl NbTree {
                     checked |= 1 << i;
                     continue;
                 }
-                if b & Self::pending_bit(i) != 0 {
+                // ORDERING: Acquire; pairs with the Release fetch_and after its key store (and
+                // the bit, set before its commit CAS, is visible through our Acquire of `b`).
+                if leaf.pending.load(Ordering::Acquire) & (1 << i) != 0 {
                     wait = true; // its key is being written: look again
                     continue;
                 }
                 // ORDERING: Acquire; pairs with the Release key store.
                 if blk.entry(i).key.load(Ordering::Acquire) == key {
+                    // Our slot stays uncommitted (never an entry); drop its pending bit.
+                    // ORDERING: Release; pairs with the Acquire of wait_pending.
+                    leaf.pending.fetch_and(!mine, Ordering::Release);
                     return Ok(InsertOutcome::Present(i));
                 }
                 checked |= 1 << i;
@@ -177,12 +188,7 @@ impl NbTree {
             // ORDERING: AcqRel; Release publishes fingerprint and value of the slot.
             if leaf
                 .bitmap
-                .compare_exchange(
-                    b,
-                    b | mine | Self::pending_bit(pos),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
+                .compare_exchange(b, b | mine, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 break;
@@ -191,8 +197,9 @@ impl NbTree {
         if self.shape.coupled {
             // ORDERING: Release; pairs with the Acquire in find_coupled (fingerprint visible).
             blk.pm_bitmap().fetch_or(mine, Ordering::Release);
-            // PERSIST: the metadata line, with the entry below (ADR).
-            self.pool.flush(blk.addr(), 64);
+            // PERSIST: the metadata line(s) written — bitmap and num, and the fingerprint's
+            // (the second line for slots ≥ 32) — with the entry below (ADR).
+            self.pool.flush(blk.addr(), 32 + pos + 1);
         }
         // ORDERING: Release; pairs with readers' Acquire key loads (the value is visible).
         e.key.store(key, Ordering::Release);
@@ -200,7 +207,7 @@ impl NbTree {
         // flush per insert in ADR.
         self.pool.persist_obj(e);
         // ORDERING: Release; pairs with the Acquire of wait_pending and inserts' checks.
-        leaf.bitmap.fetch_and(!Self::pending_bit(pos), Ordering::Release);
+        leaf.pending.fetch_and(!mine, Ordering::Release);
         Ok(InsertOutcome::Inserted)
     }
 

@@ -30,7 +30,7 @@ use numakv_pmem::PPtr;
 
 use crate::inner::leaf_word;
 use crate::layout::{fingerprint, Block, SLOT_HEAD};
-use crate::leaf::{LeafMeta, FLAG_LINK, FLAG_SYNC, PENDING_SHIFT, TAG_COPY, TAG_SYNC};
+use crate::leaf::{LeafMeta, FLAG_LINK, FLAG_SYNC, TAG_COPY, TAG_SYNC};
 use crate::NbTree;
 
 thread_local! {
@@ -471,12 +471,6 @@ impl NbTree {
                 drop(Box::from_raw(p.0));
             });
         }
-    }
-
-    /// Pending bit of slot `i`.
-    #[inline]
-    pub(crate) fn pending_bit(i: usize) -> u64 {
-        1u64 << (PENDING_SHIFT as usize + i)
     }
 
     /// The block of a leaf.

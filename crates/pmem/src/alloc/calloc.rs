@@ -585,7 +585,17 @@ impl Calloc {
         let n = pool.nodes();
         let mut bases = Vec::with_capacity(n);
         for node in 0..n {
-            let base = pool.alloc_pages(node, pages, OWNER_CALLOC, AUX_NODE_POOL)?;
+            let base = match pool.alloc_pages(node, pages, OWNER_CALLOC, AUX_NODE_POOL) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Give back the extents of the nodes already done: a caller that retries
+                    // with a smaller geometry (a small pool) must not find them leaked.
+                    for &b in &bases {
+                        let _ = pool.free_pages(b);
+                    }
+                    return Err(e);
+                }
+            };
             // Pages may hold a previous owner's bytes: zero the metadata (header, bitmap, rings,
             // logs); the chunk area's contents are unspecified anyway.
             let meta = pool.bytes(base, geo.chunks_off as usize)?;
@@ -641,7 +651,16 @@ impl Calloc {
             bases.push(base);
         }
         let dir_bytes = 64 + 8 * n as u64;
-        let dir = pool.alloc_pages(0, dir_bytes.div_ceil(ps), OWNER_CALLOC, AUX_DIRECTORY)?;
+        let dir = match pool.alloc_pages(0, dir_bytes.div_ceil(ps), OWNER_CALLOC, AUX_DIRECTORY) {
+            Ok(d) => d,
+            Err(e) => {
+                // As above: nothing of a failed create stays allocated.
+                for &b in &bases {
+                    let _ = pool.free_pages(b);
+                }
+                return Err(e);
+            }
+        };
         let dh: &DirHeader = pool.get(dir)?;
         let mut words = vec![DIR_MAGIC, FORMAT_VERSION, n as u64];
         for (i, b) in bases.iter().enumerate() {
