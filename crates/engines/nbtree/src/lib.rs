@@ -222,7 +222,10 @@ impl NbTree {
             let g = epoch::pin();
             let r = op(&g);
             drop(g);
-            smo::drop_reservation();
+            {
+                let _acct = numakv_pmem::account::smo_scope();
+                smo::drop_reservation();
+            }
             match r {
                 Err(e) if e.is_out_of_space() && tries < 16 => {
                     tries += 1;

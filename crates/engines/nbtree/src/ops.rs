@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use numakv_index::Result;
+use numakv_pmem::account;
 use numakv_pmem::alloc::epoch::Guard;
 
 use crate::layout::fingerprint;
@@ -34,9 +35,11 @@ impl NbTree {
                 leaf = self.settle(tgt, key, g);
                 continue;
             }
-            // Sync phase: sync-on-read. Read the old leaf again now that the copy is known:
+            // Sync phase: sync-on-read (PM accesses counted as the SMO's share). Read the old
+            // leaf again now that the copy is known:
             // `val` may predate the SMO (even the key's insert), and applying it to the copy
             // would delete a live key or store a stale value.
+            let _acct = account::smo_scope();
             let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
             let tb = self.blk(tgt.data);
             let Some(j) = tgt.find(&tb, key) else { return Ok(None) };
@@ -263,6 +266,9 @@ impl NbTree {
         leaf.direct_store(&blk, i, value);
         // PERSIST: one flush per update (ADR).
         self.pool.persist_obj(blk.entry(i));
+        // What sync-on-write and the mirror below touch exists only because of an SMO: counted
+        // as the SMO's share of PM accesses.
+        let _acct = account::smo_scope();
         if self.sync_on_write(leaf, i, key, g) {
             return true;
         }
@@ -359,6 +365,7 @@ impl NbTree {
                 None => {
                     let tgt = self.copy_target(self.meta(leaf.copy_ptr(), g), key, g);
                     let deleted = self.delete_from(tgt, key, g)?;
+                    let _acct = account::smo_scope(); // the mirror: the SMO's share
                     if deleted {
                         // Mirror into the old leaf, after the copy decided: until the SMO's PM
                         // link (its durability point) only the old block survives a crash, and
@@ -377,6 +384,7 @@ impl NbTree {
             }
             // PERSIST: one flush per delete (ADR).
             self.pool.persist_obj(e);
+            let _acct = account::smo_scope(); // sync-on-write of the delete: the SMO's share
             self.sync_delete(leaf, i, key, g);
             return Ok(true);
         }

@@ -895,6 +895,8 @@ impl Calloc {
     /// Errors: `InvalidArgument` when `old.len() + new_count` is 0 or exceeds [`LOG_ADDRS`],
     /// `BadPointer` for an `old` that is not a Calloc block, `TooManyThreads`, `OutOfSpace`.
     pub fn smo_begin(&self, old: &[PPtr], new_count: usize) -> Result<Smo> {
+        // Allocation and logging are the SMO's PM accesses (see `account::smo_scope`).
+        let _acct = crate::account::smo_scope();
         let n = old.len() + new_count;
         if n == 0 || n > LOG_ADDRS {
             return Err(PoolError::InvalidArgument(format!(
@@ -1377,6 +1379,8 @@ impl Smo {
         let old = std::mem::take(&mut self.old);
         guard.defer(move || {
             let Some(c) = weak.upgrade() else { return };
+            // Runs in whichever operation collects the epoch: the SMO's work, counted as such.
+            let _acct = crate::account::smo_scope();
             for p in old {
                 // A deferred function has nobody to report an error to; on one, leave the slot
                 // ACTIVE so that recovery frees what is still allocated.
@@ -1396,6 +1400,7 @@ impl Smo {
 
     fn abort_inner(&mut self) {
         let Some(c) = self.calloc.take() else { return };
+        let _acct = crate::account::smo_scope();
         for &p in &self.new {
             if c.free_block(p).is_err() {
                 return; // slot stays ACTIVE; recovery frees what is still allocated
