@@ -638,11 +638,18 @@ mod tests {
             writes_remote: 2,
             flushes: 1,
             fences: 1,
+            smo_reads: 1,
+            smo_writes: 2,
+            smo_flushes: 1,
         };
         assert_eq!(a.reads(), 4);
         assert_eq!(a.writes(), 4);
         assert!((a.remote_share() - 3.0 / 8.0).abs() < 1e-9);
         assert_eq!(a.since(&a), AccessStats::default());
+        let mut b = a;
+        b.add(&a);
+        assert_eq!((b.smo_reads, b.smo_writes, b.smo_flushes), (2, 4, 2));
+        assert_eq!(b.since(&a), a);
         assert_eq!(AccessStats::default().remote_share(), 0.0);
     }
 
