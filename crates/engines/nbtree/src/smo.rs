@@ -242,8 +242,8 @@ impl NbTree {
     }
 
     /// Writes a fresh block: entries, then header; persisted as a whole (ADR) before the caller
-    /// can link it. Only the live entries are copied; a free slot gets key 0 and no value (a
-    /// value behind key 0 is no entry). The key of every free slot must be written: a recycled
+    /// can link it. Only the live entries are copied; a free slot gets key 0 (and value 0, in
+    /// the same line). The key of every free slot must be written: a recycled
     /// block holds a retired leaf's keys, which recovery would take for entries — so every
     /// line of the block is written (the SMO share of `repro pm-lines`).
     fn init_block(&self, p: PPtr, low: u64, next: u64, ents: &[(u64, u64)]) {
@@ -256,6 +256,7 @@ impl NbTree {
         }
         for i in ents.len()..self.slots {
             // ORDERING: Relaxed, as above.
+            blk.entry(i).val.store(0, Ordering::Relaxed);
             blk.entry(i).key.store(0, Ordering::Relaxed);
         }
         blk.head.low.store(low, Ordering::Relaxed);
