@@ -61,6 +61,16 @@ pub struct RunResult {
     pub flushes_per_op: f64,
     /// Fences per operation.
     pub fences_per_op: f64,
+    /// Of `pm_reads_per_op`, lines read inside structural modifications (splits, copies and the
+    /// allocator work they do), as the engine marks them (`numakv_pmem::account::smo_scope`).
+    #[serde(default)]
+    pub smo_reads_per_op: f64,
+    /// Of `pm_writes_per_op`, lines written inside structural modifications.
+    #[serde(default)]
+    pub smo_writes_per_op: f64,
+    /// Of `flushes_per_op`, flushes issued inside structural modifications.
+    #[serde(default)]
+    pub smo_flushes_per_op: f64,
     /// PM bytes held after the run, all nodes.
     pub pm_bytes: u64,
     /// PM bytes per node.
@@ -132,6 +142,9 @@ pub const COLUMNS: &[&str] = &[
     "remote_share",
     "flushes_per_op",
     "fences_per_op",
+    "smo_reads_per_op",
+    "smo_writes_per_op",
+    "smo_flushes_per_op",
     "pm_bytes",
     "pm_bytes_per_node",
     "dram_bytes",
@@ -180,6 +193,9 @@ impl RunResult {
             self.remote_share.to_string(),
             self.flushes_per_op.to_string(),
             self.fences_per_op.to_string(),
+            self.smo_reads_per_op.to_string(),
+            self.smo_writes_per_op.to_string(),
+            self.smo_flushes_per_op.to_string(),
             self.pm_bytes.to_string(),
             self.pm_bytes_per_node.iter().map(u64::to_string).collect::<Vec<_>>().join(";"),
             self.dram_bytes.to_string(),

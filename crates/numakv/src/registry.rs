@@ -807,7 +807,7 @@ impl EngineConfig for NbTreeOptions {
     const KEYS: &'static [OptionKey] = &[
         OptionKey {
             key: "leaf_slots",
-            help: "key-value entries per leaf, 2..=31 (31 = 512-byte PM blocks, the prototype's)",
+            help: "key-value entries per leaf, 2..=63 (63 = 1 KB PM blocks, the paper's node size; 31 = the prototype's 512 bytes)",
         },
         OptionKey {
             key: "variant",

@@ -74,6 +74,7 @@ fn stats(ops: u64, rl: u64, rr: u64, wl: u64, wr: u64) -> AccessStats {
         writes_remote: wr,
         flushes: 0,
         fences: 0,
+        ..AccessStats::default()
     }
 }
 
@@ -375,4 +376,40 @@ fn a_split_counts_the_lines_so_far_but_no_operation() {
     pool.get::<PmU64>(p0).unwrap().load(Ordering::Acquire);
     account::op_end();
     assert_eq!(account::thread_stats().since(&before), stats(1, 2, 0, 0, 1));
+}
+
+#[test]
+#[cfg_attr(not(feature = "accounting"), ignore = "accounting compiled out")]
+fn smo_scope_attributes_lines_and_flushes_to_the_smo_share() {
+    let _s = serial(true);
+    let (pool, [p0, _]) = pool(PersistMode::Adr);
+    let w: [&PmU64; 4] = std::array::from_fn(|i| pool.get(at(p0, 64 * i as u64)).unwrap());
+    let s = one_op(|| {
+        w[0].store(1, Ordering::Release); // the operation's own line
+        pool.persist_obj(w[0]);
+        let outer = account::smo_scope();
+        w[1].store(1, Ordering::Release);
+        {
+            let _inner = account::smo_scope(); // nested (helping another SMO)
+            w[2].store(1, Ordering::Release);
+            w[0].load(Ordering::Acquire); // a line the operation wrote, read inside
+        }
+        pool.persist_obj(w[2]);
+        drop(outer);
+        w[3].store(1, Ordering::Release); // after the scope: the operation's again
+        w[1].load(Ordering::Acquire); // read outside: the write stays the SMO's, not the read
+    });
+    assert_eq!((s.writes(), s.reads(), s.flushes), (4, 2, 2), "{s:?}");
+    assert_eq!((s.smo_writes, s.smo_reads, s.smo_flushes), (2, 1, 1), "{s:?}");
+    // A line written inside and outside the scope is the operation's own.
+    let s = one_op(|| {
+        let _scope = account::smo_scope();
+        w[2].store(3, Ordering::Release);
+        drop(_scope);
+        w[2].store(4, Ordering::Release);
+    });
+    assert_eq!((s.writes(), s.smo_writes), (1, 0), "{s:?}");
+    // No scope open: nothing in the SMO share.
+    let s = one_op(|| w[1].store(2, Ordering::Release));
+    assert_eq!((s.writes(), s.smo_writes), (1, 0));
 }

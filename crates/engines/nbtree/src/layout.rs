@@ -4,7 +4,7 @@
 //! are DRAM and are rebuilt from this layer at open ([`crate::recovery`]).
 //!
 //! A **key-value block** is one Calloc block of `16 + 16·slots` bytes rounded up to 64
-//! (`slots` = 31 by default: 512 bytes, the prototype's leaf):
+//! (`slots` = 63 by default: 1 KB, the paper's node size, §VI "Default Configuration"):
 //!
 //! ```text
 //! offset   size  field
@@ -19,18 +19,19 @@
 //! A leaf's exclusive upper bound is the next block's `low` (`u64::MAX` for the last block).
 //!
 //! The **coupled-leaf** variant (papers/nbtree.txt Fig. 13, [`Shape::coupled`]) puts the leaf
-//! metadata in PM too: its blocks start with a full metadata line and the entries follow at 64:
+//! metadata in PM too: its blocks start with a metadata area (`32 + slots` bytes rounded up to
+//! 64: one line up to 32 slots, two for the default 63) and the entries follow it:
 //!
 //! ```text
 //!      0      8  next
 //!      8      8  low
 //!     16      8  bitmap   mirror of the commit bitmap (written at every commit)
 //!     24      8  num      mirror of the slot counter (fetch_add at every insert)
-//!     32     31  fps      mirror of the fingerprints (written at every insert)
-//!     64  16·n  entries
+//!     32      n  fps      mirror of the fingerprints (written at every insert)
+//!   base  16·n  entries  (base = (32 + n) rounded up to 64)
 //! ```
 //!
-//! Coupled leaves write that line on every insert and read it on every search (the PM cost the
+//! Coupled leaves write that area on every insert and read it on every search (the PM cost the
 //! decoupled design removes); DRAM metadata remains the synchronisation point, and recovery
 //! rebuilds from the keys as for decoupled leaves.
 //!
@@ -57,13 +58,14 @@ pub const SLOT_CALLOC: usize = 2;
 pub const BLOCK_HEADER: usize = 16;
 /// Bytes of one entry.
 pub const ENTRY_SIZE: usize = 16;
-/// Most entries per leaf: the DRAM bitmap word holds 31 commit bits, 31 pending bits and the
-/// SMO bit ([`crate::leaf`]).
-pub const MAX_SLOTS: usize = 31;
+/// Most entries per leaf: the DRAM bitmap word holds 63 commit bits and the SMO bit
+/// ([`crate::leaf`]); a 1 KB block holds 63 entries after its header.
+pub const MAX_SLOTS: usize = 63;
 /// Fewest entries per leaf (an SMO must be able to split a full leaf in two non-empty halves).
 pub const MIN_SLOTS: usize = 2;
-/// Default entries per leaf: 31, i.e. 512-byte blocks like the prototype (`LEAF_NODE_SIZE 31`).
-pub const DEFAULT_SLOTS: usize = 31;
+/// Default entries per leaf: 63, i.e. 1 KB blocks — the paper's node size ("The node size of
+/// each tree is configured to 1 KB", §VI). (The prototype's `LEAF_NODE_SIZE` is 31.)
+pub const DEFAULT_SLOTS: usize = 63;
 
 /// "NBT1" in the high half of the format word; the low byte holds the slot count, bit 8 the
 /// coupled-leaf layout.
@@ -83,7 +85,7 @@ impl Shape {
     /// Offset of entry 0 in a block.
     pub const fn entry_base(self) -> usize {
         if self.coupled {
-            64
+            (32 + self.slots).div_ceil(64) * 64
         } else {
             BLOCK_HEADER
         }
@@ -219,7 +221,7 @@ impl<'a> Block<'a> {
     #[inline]
     pub fn pm_fp(&self, i: usize) -> &'a PmU8 {
         debug_assert!(self.shape.coupled && i < MAX_SLOTS);
-        // SAFETY: offsets 32..63 of a coupled block's metadata line, inside the block.
+        // SAFETY: offsets 32..32+slots of a coupled block's metadata area, inside the block.
         unsafe { &*(self.base.add(32 + i) as *const PmU8) }
     }
 
@@ -254,6 +256,8 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(block_size(31), 512);
+        assert_eq!(block_size(63), 1024);
+        assert_eq!(block_size(DEFAULT_SLOTS), 1024);
         assert_eq!(block_size(3), 64);
         assert_eq!(block_size(2), 64);
         assert_eq!(block_size(4), 128);
@@ -265,8 +269,10 @@ mod tests {
             let sh = Shape { slots: 31, coupled };
             assert_eq!(decode_meta(meta_word(sh)), Some(sh));
         }
-        assert_eq!(decode_meta(meta_word(Shape { slots: 32, coupled: false })), None);
         assert_eq!(Shape { slots: 31, coupled: true }.block_size(), 576);
+        assert_eq!(Shape { slots: 63, coupled: true }.block_size(), 1152);
+        assert_eq!(decode_meta(meta_word(Shape { slots: 63, coupled: false })).unwrap().slots, 63);
+        assert_eq!(decode_meta(meta_word(Shape { slots: 64, coupled: false })), None);
         assert_eq!(decode_meta(0), None);
         assert_eq!(decode_meta(0xdead_beef), None);
     }

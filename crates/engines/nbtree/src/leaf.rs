@@ -2,19 +2,23 @@
 //! operations: fingerprint search, log-structured insert, in-place update/delete, and the
 //! per-slot sync tags that carry the paper's `copy_bit` / `sync_bit`.
 //!
-//! # The bitmap word (`LeafMeta::bitmap`, 64 bits)
+//! # The bitmap word (`LeafMeta::bitmap`, 64 bits) and the pending word (`LeafMeta::pending`)
 //!
 //! ```text
-//! bits  0..31  commit   bit i: slot i holds a committed insert (its key may since be 0 = deleted)
-//! bits 32..63  pending  bit 32+i: slot i is committed but its key is still being written to PM
-//! bit  63      smo      the leaf is full; an SMO replaces it; no insert commits any more
+//! bitmap  bits 0..63  commit   bit i: slot i holds a committed insert (its key may since be 0)
+//!         bit  63     smo      the leaf is full; an SMO replaces it; no insert commits any more
+//! pending bits 0..63           bit i: the insert of slot i may be committing or has committed
+//!                              and is still writing its key to PM
 //! ```
 //!
 //! An insert claims slot `pos` with `fetch_add` on `num`, writes the value to PM, sets the
-//! fingerprint, then commits with one CAS that sets `commit | pending` — refused when the SMO bit
-//! is set, and only after checking that no committed slot already holds the key (two concurrent
-//! inserts of one key: the second CAS sees the first one's bit). Then it writes the key (the PM
-//! durability point of the insert) and clears `pending`. Writing the key only after winning keeps
+//! fingerprint, sets its pending bit, then commits with one CAS on the bitmap — refused when the
+//! SMO bit is set (the insert then clears its pending bit and helps the SMO), and only after
+//! checking that no committed slot already holds the key (two concurrent inserts of one key: the
+//! second CAS sees the first one's bit). Then it writes the key (the PM durability point of the
+//! insert) and clears its pending bit. The pending bit is set *before* the commit CAS (with 63
+//! slots, commit and pending bits no longer fit one word): whoever sees a commit bit through an
+//! Acquire load of the bitmap sees that slot's pending bit set, or cleared after its key store. Writing the key only after winning keeps
 //! PM free of duplicate keys at every instant, so recovery never has to choose between two
 //! copies (docs/design.md "NBTree", insert).
 //!
@@ -53,9 +57,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::layout::{fingerprint, Block, MAX_SLOTS};
 
 /// Commit bits.
-pub const COMMIT_MASK: u64 = (1 << 31) - 1;
-/// Pending bits.
-pub const PENDING_SHIFT: u32 = 32;
+pub const COMMIT_MASK: u64 = (1 << 63) - 1;
 /// The SMO bit.
 pub const SMO_BIT: u64 = 1 << 63;
 
@@ -86,8 +88,10 @@ pub struct LeafMeta {
     slots: usize,
     /// Slots claimed by committed and in-flight inserts (may exceed the slot count).
     pub num: AtomicU32,
-    /// Commit / pending / SMO bits (see the module docs).
+    /// Commit and SMO bits (see the module docs).
     pub bitmap: AtomicU64,
+    /// Pending bits (see the module docs).
+    pub pending: AtomicU64,
     /// The key-value block in PM.
     pub data: PPtr,
     /// Inclusive lower bound of the key range (immutable).
@@ -132,6 +136,7 @@ impl LeafMeta {
             slots,
             num: AtomicU32::new(0),
             bitmap: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
             data,
             low,
             high,
@@ -359,11 +364,18 @@ impl LeafMeta {
         }
     }
 
-    /// Waits until no committed slot is pending (its key is being written).
+    /// Waits until no slot is pending (an insert committing, or writing its key). Called once
+    /// the SMO bit is set: no insert commits any more, and one that set its pending bit clears
+    /// it either after its key store or on finding the SMO bit.
     pub fn wait_pending(&self) {
+        // ORDERING: Acquire; this thread has seen the SMO bit, so this load reads the SMO
+        // fetch_or or later — an RMW in the release sequence of every earlier commit CAS — and
+        // so synchronises with every committed insert: its pending bit (set before its CAS) is
+        // visible here unless cleared since.
+        let _ = self.bitmap.load(Ordering::Acquire);
         // ORDERING: Acquire; pairs with the Release fetch_and that clears a pending bit after
-        // the key store.
-        while self.bitmap.load(Ordering::Acquire) & (COMMIT_MASK << PENDING_SHIFT) != 0 {
+        // the key store (the key is visible once the bit reads clear).
+        while self.pending.load(Ordering::Acquire) != 0 {
             std::hint::spin_loop();
         }
     }

@@ -103,7 +103,8 @@ impl FromStr for Variant {
 /// Options of an NBTree.
 #[derive(Clone, Debug)]
 pub struct NbTreeOptions {
-    /// Entries per leaf, 2..=31 (default 31: 512-byte key-value blocks). Shapes the format:
+    /// Entries per leaf, 2..=63 (default 63: 1 KB key-value blocks, the paper's node size;
+    /// 31 gives the prototype's 512-byte leaves). Shapes the format:
     /// recorded at create, the stored value wins at open.
     pub leaf_slots: usize,
     /// Leaf concurrency scheme. Per session.
@@ -165,11 +166,11 @@ unsafe impl Sync for NbTree {}
 /// How long [`NbTree::reserve_patiently`] waits for a Calloc log slot.
 const RESERVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Calloc geometry for a pool: blocks of one leaf, chunks of 512 blocks (one bitmap line each),
-/// as many chunks as fit in `share` of a node.
-fn calloc_config(pool: &Pool, shape: Shape, share: u64) -> CallocConfig {
+/// Calloc geometry for a pool: blocks of one leaf, chunks of `chunk_blocks` blocks (512: one
+/// bitmap line each; fewer for small pools), as many chunks as fit in `share` of a node.
+fn calloc_config(pool: &Pool, shape: Shape, share: u64, chunk_blocks: u64) -> CallocConfig {
     let block = shape.block_size() as u64;
-    let chunk = block * 512;
+    let chunk = block * chunk_blocks;
     let cap = pool.capacity();
     CallocConfig {
         block_size: block,
@@ -221,7 +222,10 @@ impl NbTree {
             let g = epoch::pin();
             let r = op(&g);
             drop(g);
-            smo::drop_reservation();
+            {
+                let _acct = numakv_pmem::account::smo_scope();
+                smo::drop_reservation();
+            }
             match r {
                 Err(e) if e.is_out_of_space() && tries < 16 => {
                     tries += 1;
@@ -369,12 +373,18 @@ impl Engine for NbTree {
         }
         let slots = opts.leaf_slots;
         let shape = Shape { slots, coupled: opts.coupled };
-        // Leaves get most of each node; a smaller pool is retried with fewer chunks.
-        let mut share = 85;
+        // Leaves get most of each node; a smaller pool is retried with fewer chunks, then with
+        // smaller chunks (a tiny pool cannot hold even one chunk of 512 1 KB blocks).
+        let (mut share, mut chunk_blocks) = (85, 512);
         let (calloc, dir) = loop {
-            match Calloc::create(Arc::clone(&pool), calloc_config(&pool, shape, share)) {
+            let cfg = calloc_config(&pool, shape, share, chunk_blocks);
+            match Calloc::create(Arc::clone(&pool), cfg) {
                 Ok(c) => break c,
                 Err(PoolError::OutOfSpace { .. }) if share > 10 => share -= 10,
+                Err(PoolError::OutOfSpace { .. }) if chunk_blocks > 64 => {
+                    chunk_blocks /= 2;
+                    share = 85;
+                }
                 Err(e) => return Err(e.into()),
             }
         };

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use numakv_index::Result;
+use numakv_pmem::account;
 use numakv_pmem::alloc::epoch::Guard;
 
 use crate::layout::fingerprint;
@@ -34,9 +35,11 @@ impl NbTree {
                 leaf = self.settle(tgt, key, g);
                 continue;
             }
-            // Sync phase: sync-on-read. Read the old leaf again now that the copy is known:
+            // Sync phase: sync-on-read (PM accesses counted as the SMO's share). Read the old
+            // leaf again now that the copy is known:
             // `val` may predate the SMO (even the key's insert), and applying it to the copy
             // would delete a live key or store a stale value.
+            let _acct = account::smo_scope();
             let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
             let tb = self.blk(tgt.data);
             let Some(j) = tgt.find(&tb, key) else { return Ok(None) };
@@ -144,11 +147,17 @@ impl NbTree {
             blk.pm_fp(pos).store(fp, Ordering::Relaxed);
         }
         let mine = 1u64 << pos;
+        // Pending before the commit: a checker that sees our commit bit sees this bit too
+        // (leaf.rs, the pending word).
+        // ORDERING: Relaxed; published by the commit CAS (Release) that follows.
+        leaf.pending.fetch_or(mine, Ordering::Relaxed);
         let mut checked = 0u64;
         loop {
-            // ORDERING: Acquire; pairs with other inserts' commit CAS and pending release.
+            // ORDERING: Acquire; pairs with other inserts' commit CAS.
             let b = leaf.bitmap.load(Ordering::Acquire);
             if b & SMO_BIT != 0 {
+                // ORDERING: Release; pairs with the Acquire of wait_pending.
+                leaf.pending.fetch_and(!mine, Ordering::Release);
                 return Ok(InsertOutcome::Smo); // the slot stays uncommitted: never an entry
             }
             let mut fresh = b & COMMIT_MASK & !checked;
@@ -160,12 +169,17 @@ impl NbTree {
                     checked |= 1 << i;
                     continue;
                 }
-                if b & Self::pending_bit(i) != 0 {
+                // ORDERING: Acquire; pairs with the Release fetch_and after its key store (and
+                // the bit, set before its commit CAS, is visible through our Acquire of `b`).
+                if leaf.pending.load(Ordering::Acquire) & (1 << i) != 0 {
                     wait = true; // its key is being written: look again
                     continue;
                 }
                 // ORDERING: Acquire; pairs with the Release key store.
                 if blk.entry(i).key.load(Ordering::Acquire) == key {
+                    // Our slot stays uncommitted (never an entry); drop its pending bit.
+                    // ORDERING: Release; pairs with the Acquire of wait_pending.
+                    leaf.pending.fetch_and(!mine, Ordering::Release);
                     return Ok(InsertOutcome::Present(i));
                 }
                 checked |= 1 << i;
@@ -177,12 +191,7 @@ impl NbTree {
             // ORDERING: AcqRel; Release publishes fingerprint and value of the slot.
             if leaf
                 .bitmap
-                .compare_exchange(
-                    b,
-                    b | mine | Self::pending_bit(pos),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
+                .compare_exchange(b, b | mine, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 break;
@@ -191,8 +200,9 @@ impl NbTree {
         if self.shape.coupled {
             // ORDERING: Release; pairs with the Acquire in find_coupled (fingerprint visible).
             blk.pm_bitmap().fetch_or(mine, Ordering::Release);
-            // PERSIST: the metadata line, with the entry below (ADR).
-            self.pool.flush(blk.addr(), 64);
+            // PERSIST: the metadata line(s) written — bitmap and num, and the fingerprint's
+            // (the second line for slots ≥ 32) — with the entry below (ADR).
+            self.pool.flush(blk.addr(), 32 + pos + 1);
         }
         // ORDERING: Release; pairs with readers' Acquire key loads (the value is visible).
         e.key.store(key, Ordering::Release);
@@ -200,7 +210,7 @@ impl NbTree {
         // flush per insert in ADR.
         self.pool.persist_obj(e);
         // ORDERING: Release; pairs with the Acquire of wait_pending and inserts' checks.
-        leaf.bitmap.fetch_and(!Self::pending_bit(pos), Ordering::Release);
+        leaf.pending.fetch_and(!mine, Ordering::Release);
         Ok(InsertOutcome::Inserted)
     }
 
@@ -234,18 +244,32 @@ impl NbTree {
     }
 
     /// In-place update of slot `i` of `leaf`, then sync-on-write along the chain of SMO copies.
+    ///
     /// Updates always write the leaf they found first (the paper's rule: before the SMO's PM
-    /// link only the old leaf survives a crash), sealed or not.
+    /// link only the old leaf survives a crash), sealed or not, and always succeed. A writer
+    /// preempted across the leaf's SMO may find, walking the copies, that a delete on a copy
+    /// removed the instance it wrote: it still reports success, linearized just before that
+    /// delete (which lies inside its interval). It must not report "absent": its value was
+    /// visible in the old leaf from its store on (readers of a leaf in its copy phase, and
+    /// sync-on-read, take the old leaf's value), so a reader may already have returned it — a
+    /// loop at `NUMAKV_TEST_SCALE=4` caught exactly that when this path returned false
+    /// (docs/design.md "NBTree", Open items).
     fn write_existing<'g>(&self, leaf: &'g LeafMeta, i: usize, key: u64, value: u64, g: &'g Guard) {
         let blk = self.blk(leaf.data);
         leaf.direct_store(&blk, i, value);
         // PERSIST: one flush per update (ADR).
         self.pool.persist_obj(blk.entry(i));
+        // What sync-on-write touches exists only because of an SMO: counted as the SMO's share
+        // of PM accesses.
+        let _acct = account::smo_scope();
         self.sync_on_write(leaf, i, key, g);
     }
 
     /// Sync-on-write: while the leaf written has an SMO copy, bring the copy's entry up to date
     /// unless a direct write there is newer (tag state 0), following the copies' own SMOs.
+    /// Only the copy of the instance written (`src` matches) is touched: a copied slot holding
+    /// a later instance of the key (removed and inserted again in the old leaf before the copy
+    /// phase) belongs to others, and tagging it SYNC would make the sync phase skip it.
     fn sync_on_write<'g>(&self, mut src: &'g LeafMeta, mut i: usize, key: u64, g: &'g Guard) {
         loop {
             if !src.in_smo() {
@@ -258,6 +282,9 @@ impl NbTree {
             let tgt = self.copy_target(self.meta(nl, g), key, g);
             let tb = self.blk(tgt.data);
             let Some(j) = tgt.find(&tb, key) else { return };
+            if j as u32 >= tgt.copied || tgt.src[j] as usize != i {
+                return; // our instance was removed; this one was inserted later
+            }
             let sb = self.blk(src.data);
             let synced = tgt.tagged_store(
                 j,
@@ -271,7 +298,7 @@ impl NbTree {
                 },
             );
             if !synced {
-                return;
+                return; // a direct write in the copy is newer: ours precedes it
             }
             // PERSIST: the synchronised value is durable in the new leaf before we return.
             self.pool.persist_obj(tb.entry(j));
@@ -314,6 +341,7 @@ impl NbTree {
                 None => {
                     let tgt = self.copy_target(self.meta(leaf.copy_ptr(), g), key, g);
                     let deleted = self.delete_from(tgt, key, g)?;
+                    let _acct = account::smo_scope(); // the mirror: the SMO's share
                     if deleted {
                         // Mirror into the old leaf, after the copy decided: until the SMO's PM
                         // link (its durability point) only the old block survives a crash, and
@@ -332,6 +360,7 @@ impl NbTree {
             }
             // PERSIST: one flush per delete (ADR).
             self.pool.persist_obj(e);
+            let _acct = account::smo_scope(); // sync-on-write of the delete: the SMO's share
             self.sync_delete(leaf, i, key, g);
             return Ok(true);
         }
@@ -423,6 +452,65 @@ mod tests {
             drop(g);
             t.check().unwrap();
         }
+    }
+
+    /// update(k) that found `k` in a leaf before the leaf's whole SMO, after a delete on the
+    /// copy removed `k`: it succeeds (linearized just before the delete, inside its interval;
+    /// it may not report "absent", since its store in the old leaf is visible to readers of a
+    /// leaf in its copy or sync phase), and its value never reappears: the key stays removed.
+    #[test]
+    fn stale_update_after_smo_and_delete_leaves_the_key_removed() {
+        for coupled in [false, true] {
+            let t = tree(coupled);
+            let g = epoch::pin();
+            let old = stale_leaf(&t, &g);
+            assert!(t.remove(2).unwrap());
+            assert!(t.update_from(old, 2, 77, &g).unwrap(), "coupled={coupled}");
+            assert_eq!(t.get(2).unwrap(), None);
+            assert!(!t.remove(2).unwrap());
+            let mut out = Vec::new();
+            t.scan(1, 10, &mut out).unwrap();
+            assert!(out.iter().all(|e| e.0 != 2 && e.1 != 77), "{out:?}");
+            // A stale update whose instance is still live in the copy succeeds there.
+            assert!(t.update_from(old, 3, 33, &g).unwrap());
+            assert_eq!(t.get(3).unwrap(), Some(33));
+            for k in [1, 4] {
+                assert_eq!(t.get(k).unwrap(), Some(k * 10));
+            }
+            drop(g);
+            t.check().unwrap();
+        }
+    }
+
+    /// A stale update of a removed instance (slot `i`) must not touch the copy of a later
+    /// instance of the key (slot `m`, inserted again before the copy phase): before the fix
+    /// its sync-on-write tagged that copy SYNC, and the sync phase then skipped it, losing an
+    /// update of the new instance that landed in the old leaf while the copy was being made.
+    #[test]
+    fn stale_update_spares_the_copy_of_a_reinserted_key() {
+        let t = tree(false);
+        let g = epoch::pin();
+        assert!(t.insert(1, 10).unwrap());
+        assert!(t.insert(2, 20).unwrap());
+        let leaf = t.find_leaf(2, &g);
+        let blk = t.blk(leaf.data);
+        let old_slot = leaf.find(&blk, 2).unwrap();
+        assert!(t.remove(2).unwrap());
+        assert!(t.insert(2, 21).unwrap());
+        let new_slot = leaf.find(&blk, 2).unwrap();
+        assert_ne!(new_slot, old_slot);
+        // The copy phase only, as a helper preempted after it leaves it.
+        leaf.bitmap.fetch_or(crate::leaf::SMO_BIT, std::sync::atomic::Ordering::SeqCst);
+        t.copy_phase(leaf, &g).unwrap();
+        // An update of the new instance whose sync-on-write ran before the copy was published
+        // (it saw no copy and left the value to the sync phase): its store, alone.
+        blk.entry(new_slot).val.store(55, std::sync::atomic::Ordering::Release);
+        // The stale update of the removed instance.
+        t.write_existing(leaf, old_slot, 2, 77, &g);
+        t.smo(leaf, &g).unwrap();
+        assert_eq!(t.get(2).unwrap(), Some(55));
+        drop(g);
+        t.check().unwrap();
     }
 
     /// A delete in the old leaf before its SMO's sync pass (copy published, not synced) is

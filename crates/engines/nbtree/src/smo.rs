@@ -26,11 +26,11 @@ use std::sync::Arc;
 use numakv_index::Result;
 use numakv_pmem::alloc::calloc::{Calloc, Smo};
 use numakv_pmem::alloc::epoch::Guard;
-use numakv_pmem::PPtr;
+use numakv_pmem::{account, PPtr};
 
 use crate::inner::leaf_word;
 use crate::layout::{fingerprint, Block, SLOT_HEAD};
-use crate::leaf::{LeafMeta, FLAG_LINK, FLAG_SYNC, PENDING_SHIFT, TAG_COPY, TAG_SYNC};
+use crate::leaf::{LeafMeta, FLAG_LINK, FLAG_SYNC, TAG_COPY, TAG_SYNC};
 use crate::NbTree;
 
 thread_local! {
@@ -56,6 +56,7 @@ pub(crate) fn take_want(c: &Arc<Calloc>) -> Option<(PPtr, usize)> {
 
 /// Begins the wished Calloc SMO (the caller is not pinned) and keeps it for the retry.
 pub(crate) fn reserve(c: &Arc<Calloc>, old: PPtr, n: usize) -> Result<()> {
+    let _acct = account::smo_scope();
     let smo = c.smo_begin(&[old], n)?;
     RESERVED.with(|r| *r.borrow_mut() = Some((calloc_id(c), old, n, smo)));
     Ok(())
@@ -91,6 +92,9 @@ unsafe impl Send for SendPtr {}
 impl NbTree {
     /// Runs (or helps) the SMO of `leaf` to completion.
     pub(crate) fn smo(&self, leaf: &LeafMeta, g: &Guard) -> Result<()> {
+        // Everything below — copy, sync, link, Calloc allocation and retirement — is the SMO's
+        // share of PM accesses (`repro pm-lines` reports it beside the per-operation figure).
+        let _acct = account::smo_scope();
         if leaf.copy_ptr().is_null() {
             self.copy_phase(leaf, g)?;
         }
@@ -127,6 +131,7 @@ impl NbTree {
     }
 
     pub(crate) fn copy_phase(&self, leaf: &LeafMeta, g: &Guard) -> Result<()> {
+        let _acct = account::smo_scope();
         leaf.wait_pending();
         let blk = self.blk(leaf.data);
         // (key, value, old slot): the old slot travels into the copy's `src`.
@@ -237,15 +242,22 @@ impl NbTree {
     }
 
     /// Writes a fresh block: entries, then header; persisted as a whole (ADR) before the caller
-    /// can link it.
+    /// can link it. Only the live entries are copied; a free slot gets key 0 (and value 0, in
+    /// the same line). The key of every free slot must be written: a recycled
+    /// block holds a retired leaf's keys, which recovery would take for entries — so every
+    /// line of the block is written (the SMO share of `repro pm-lines`).
     fn init_block(&self, p: PPtr, low: u64, next: u64, ents: &[(u64, u64)]) {
         let blk = self.blk(p);
-        for i in 0..self.slots {
+        for (i, &(k, v)) in ents.iter().enumerate() {
             let e = blk.entry(i);
-            let (k, v) = ents.get(i).copied().unwrap_or((0, 0));
             // ORDERING: Relaxed; the block is private until the copy is published (AcqRel CAS).
             e.val.store(v, Ordering::Relaxed);
             e.key.store(k, Ordering::Relaxed);
+        }
+        for i in ents.len()..self.slots {
+            // ORDERING: Relaxed, as above.
+            blk.entry(i).val.store(0, Ordering::Relaxed);
+            blk.entry(i).key.store(0, Ordering::Relaxed);
         }
         blk.head.low.store(low, Ordering::Relaxed);
         blk.head.next.store(next, Ordering::Relaxed);
@@ -471,12 +483,6 @@ impl NbTree {
                 drop(Box::from_raw(p.0));
             });
         }
-    }
-
-    /// Pending bit of slot `i`.
-    #[inline]
-    pub(crate) fn pending_bit(i: usize) -> u64 {
-        1u64 << (PENDING_SHIFT as usize + i)
     }
 
     /// The block of a leaf.

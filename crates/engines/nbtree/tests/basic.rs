@@ -12,7 +12,7 @@ fn tree(slots: usize) -> NbTree {
 
 #[test]
 fn many_inserts_then_check() {
-    for slots in [3, 31] {
+    for slots in [3, 31, 63] {
         let t = tree(slots);
         let n = 20_000u64;
         for i in 0..n {

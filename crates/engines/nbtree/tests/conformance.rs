@@ -1,4 +1,4 @@
-//! The shared conformance and crash kit (DESIGN.md §4) on NBTree with the default 31-slot leaves,
+//! The shared conformance and crash kit (DESIGN.md §4) on NBTree with the default 63-slot (1 KB) leaves,
 //! in eADR (process kills, the paper's target) and ADR (shadow power failures, one flush per
 //! write). (One invocation per file: the eADR kill test re-executes this binary by test name.)
 

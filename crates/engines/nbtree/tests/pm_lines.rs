@@ -7,6 +7,9 @@ use numakv_index::{Engine, Index};
 use numakv_nbtree::{NbTree, NbTreeOptions};
 use numakv_pmem::{account, AccessStats, PersistMode, Pool, PoolConfig};
 
+/// Accounting is switched per process: the tests of this file take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn measure(t: &NbTree, op: impl FnOnce(&NbTree)) -> AccessStats {
     account::op_discard();
     let before = account::thread_stats();
@@ -27,6 +30,7 @@ fn one_line_per_operation() {
     if !account::COMPILED {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     account::set_enabled(true);
     for mode in [PersistMode::Eadr, PersistMode::Adr] {
         let t = tree(mode, false);
@@ -53,5 +57,30 @@ fn one_line_per_operation() {
     assert_eq!(s.writes(), 2, "coupled insert: {s:?}");
     let s = measure(&t, |t| assert_eq!(t.get(25).unwrap(), Some(7)));
     assert_eq!(s.reads(), 2, "coupled search: {s:?}");
+    account::set_enabled(false);
+}
+
+/// The insert that fills a leaf past its capacity runs the SMO: its copies, Calloc's log and
+/// bitmap, and the link are counted in the SMO share (`account::smo_scope`), and what is left —
+/// the insert's own leaf access — is the one entry line of Table I.
+#[test]
+fn a_splitting_insert_is_one_line_plus_the_smo_share() {
+    if !account::COMPILED {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    account::set_enabled(true);
+    let t = tree(PersistMode::Eadr, false);
+    let slots = t.leaf_slots() as u64;
+    for k in 1..=slots {
+        assert!(t.insert(k * 10, k).unwrap());
+    }
+    let s = measure(&t, |t| assert!(t.insert(5, 7).unwrap()));
+    assert_eq!(t.stats().counters.iter().find(|c| c.0 == "smos").map(|c| c.1), Some(1));
+    assert_eq!(s.writes() - s.smo_writes, 1, "split insert: {s:?}");
+    // Two new 1 KB blocks (16 lines each) plus Calloc's log and bitmap and the link word.
+    assert!(s.smo_writes >= 2 * 16, "split insert: {s:?}");
+    let s = measure(&t, |t| assert!(t.insert(15, 7).unwrap()));
+    assert_eq!((s.writes(), s.smo_writes), (1, 0), "plain insert: {s:?}");
     account::set_enabled(false);
 }

@@ -585,7 +585,17 @@ impl Calloc {
         let n = pool.nodes();
         let mut bases = Vec::with_capacity(n);
         for node in 0..n {
-            let base = pool.alloc_pages(node, pages, OWNER_CALLOC, AUX_NODE_POOL)?;
+            let base = match pool.alloc_pages(node, pages, OWNER_CALLOC, AUX_NODE_POOL) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Give back the extents of the nodes already done: a caller that retries
+                    // with a smaller geometry (a small pool) must not find them leaked.
+                    for &b in &bases {
+                        let _ = pool.free_pages(b);
+                    }
+                    return Err(e);
+                }
+            };
             // Pages may hold a previous owner's bytes: zero the metadata (header, bitmap, rings,
             // logs); the chunk area's contents are unspecified anyway.
             let meta = pool.bytes(base, geo.chunks_off as usize)?;
@@ -641,7 +651,16 @@ impl Calloc {
             bases.push(base);
         }
         let dir_bytes = 64 + 8 * n as u64;
-        let dir = pool.alloc_pages(0, dir_bytes.div_ceil(ps), OWNER_CALLOC, AUX_DIRECTORY)?;
+        let dir = match pool.alloc_pages(0, dir_bytes.div_ceil(ps), OWNER_CALLOC, AUX_DIRECTORY) {
+            Ok(d) => d,
+            Err(e) => {
+                // As above: nothing of a failed create stays allocated.
+                for &b in &bases {
+                    let _ = pool.free_pages(b);
+                }
+                return Err(e);
+            }
+        };
         let dh: &DirHeader = pool.get(dir)?;
         let mut words = vec![DIR_MAGIC, FORMAT_VERSION, n as u64];
         for (i, b) in bases.iter().enumerate() {
@@ -876,6 +895,8 @@ impl Calloc {
     /// Errors: `InvalidArgument` when `old.len() + new_count` is 0 or exceeds [`LOG_ADDRS`],
     /// `BadPointer` for an `old` that is not a Calloc block, `TooManyThreads`, `OutOfSpace`.
     pub fn smo_begin(&self, old: &[PPtr], new_count: usize) -> Result<Smo> {
+        // Allocation and logging are the SMO's PM accesses (see `account::smo_scope`).
+        let _acct = crate::account::smo_scope();
         let n = old.len() + new_count;
         if n == 0 || n > LOG_ADDRS {
             return Err(PoolError::InvalidArgument(format!(
@@ -1358,6 +1379,8 @@ impl Smo {
         let old = std::mem::take(&mut self.old);
         guard.defer(move || {
             let Some(c) = weak.upgrade() else { return };
+            // Runs in whichever operation collects the epoch: the SMO's work, counted as such.
+            let _acct = crate::account::smo_scope();
             for p in old {
                 // A deferred function has nobody to report an error to; on one, leave the slot
                 // ACTIVE so that recovery frees what is still allocated.
@@ -1377,6 +1400,7 @@ impl Smo {
 
     fn abort_inner(&mut self) {
         let Some(c) = self.calloc.take() else { return };
+        let _acct = crate::account::smo_scope();
         for &p in &self.new {
             if c.free_block(p).is_err() {
                 return; // slot stays ACTIVE; recovery frees what is still allocated
