@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{quiet, vk, volatile, Rng};
+use common::{check_values_name_keys, quiet, vk, volatile, Rng};
 use numakv_index::Index;
 use numakv_nobtree::{MigrationOptions, Nobtree, NobtreeOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
@@ -244,17 +244,6 @@ fn race(mut migrate: impl FnMut() + Send, work: impl Fn(u64) + Sync) {
         }
         stop.store(true, Ordering::Relaxed);
     });
-}
-
-/// `check()` passes and counts the entries of a full scan, and every value names its key.
-fn check_values_name_keys(t: &Nobtree) {
-    let r = t.check().unwrap();
-    let mut out = Vec::new();
-    t.scan(0, usize::MAX, &mut out).unwrap();
-    assert_eq!(r.entries, out.len() as u64);
-    for (k, v) in out {
-        assert_eq!(v, vk(k));
-    }
 }
 
 /// A store of `height` levels with the migration coordinator on (hot threshold 4), keys

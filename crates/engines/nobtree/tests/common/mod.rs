@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use numakv_index::{Engine, RecoveryReport};
+use numakv_index::{Engine, Index, RecoveryReport};
 use numakv_nobtree::{Nobtree, NobtreeOptions};
 use numakv_pmem::{CrashOptions, OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
 
@@ -73,4 +73,17 @@ pub fn crash_round(
     verify(&t, &model, pending, true);
     keep_working(&t, fence * 7 + 1, 300, 3000, 6);
     Some(rep)
+}
+
+/// `check()` passes and counts the entries of a full scan, and every value names its key
+/// ([`vk`]). Returns the scan.
+pub fn check_values_name_keys(t: &Nobtree) -> Vec<(u64, u64)> {
+    let r = t.check().unwrap();
+    let mut out = Vec::new();
+    t.scan(0, usize::MAX, &mut out).unwrap();
+    assert_eq!(r.entries, out.len() as u64);
+    for &(k, v) in &out {
+        assert_eq!(v, vk(k));
+    }
+    out
 }
