@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{
-    check_contents, model_apply, random_op, reopen, resolve, scrambled, tree_apply,
-    verify_recovered, Op, Rng,
+    apply_all, check_contents, model_apply, random_op, reopen, resolve, run_to_crash, scrambled,
+    tree_apply, verify_recovered, Op, Rng,
 };
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::{Engine, Index};
@@ -31,11 +31,7 @@ fn loaded_store(dir: &Path) -> BTreeMap<u64, u64> {
     let t = common::create_small(dir, SimMode::Shadow, 256, 4 << 20);
     let mut model = BTreeMap::new();
     let mut rng = Rng(0x5eed);
-    for _ in 0..2_000 {
-        let op = Op::Insert(1 + rng.below(1_000_000), rng.next());
-        tree_apply(&t, &model, op);
-        model_apply(&mut model, op);
-    }
+    apply_all(&t, &mut model, (0..2_000).map(|_| Op::Insert(1 + rng.below(1_000_000), rng.next())));
     t.close().unwrap();
     model
 }
@@ -50,17 +46,9 @@ fn split_crash(
 ) -> Option<(BTreeMap<u64, u64>, Op)> {
     let (t, _) = common::reopen_with(dir, SimMode::Shadow, numakv_fastfair::RecoveryMode::Eager);
     let pool = Arc::clone(t.pool());
-    pool.crash_after_fences(fence, CrashOptions::STRICT).unwrap();
-    for k in 1_000_001..1_000_041 {
-        let op = Op::Insert(k, k * 3);
-        tree_apply(&t, &model, op);
-        if pool.has_crashed() {
-            return Some((model, op));
-        }
-        model_apply(&mut model, op);
-    }
-    pool.cancel_crash();
-    None
+    let appends = (1_000_001..1_000_041).map(|k| Op::Insert(k, k * 3));
+    let op = run_to_crash(&t, &pool, fence, CrashOptions::STRICT, &mut model, appends)?;
+    Some((model, op))
 }
 
 fn copy_store(from: &Path, to: &Path) {
