@@ -51,14 +51,6 @@ fn split_crash(
     Some((model, op))
 }
 
-fn copy_store(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
-
 #[test]
 fn a_crash_at_each_fence_of_the_background_pass_is_recovered() {
     let d = common::scratch();
@@ -68,14 +60,14 @@ fn a_crash_at_each_fence_of_the_background_pass_is_recovered() {
     let (mut crash_points, mut images) = (0, 0);
     let step = (4 / numakv_pmem::crash::test_scale().min(4)) as u64 / 2 + 1;
     for fence in (1..).step_by(step as usize) {
-        copy_store(&loaded, &base);
+        common::copy_store(&loaded, &base);
         let Some((model, op)) = split_crash(&base, before.clone(), fence) else { break };
         let pending = Some(op);
         images += 1;
         // Crash at the 1st, 2nd, ... fence of the background pass (nothing else runs, so every
         // fence is its own) until it finishes before the crash fires.
         for k in 1.. {
-            copy_store(&base, &k_dir);
+            common::copy_store(&base, &k_dir);
             let pool = open_pool(&k_dir);
             pool.crash_after_fences(k, CrashOptions::random(fence * 1000 + k)).unwrap();
             let (t, _) = FastFair::open(Arc::clone(&pool), &FastFairOptions::default()).unwrap();

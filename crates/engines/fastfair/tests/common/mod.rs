@@ -157,3 +157,13 @@ pub fn scratch() -> tempfile::TempDir {
         tempfile::tempdir().unwrap()
     }
 }
+
+/// Copies the closed (or crashed) store in `from` to `to`, node files and all: two opens of the
+/// same image.
+pub fn copy_store(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
