@@ -231,6 +231,31 @@ pub fn keep_working(t: &dyn Index, seed: u64, n: usize, space: u64, insert_bias:
     verify(t, &model, None, false);
 }
 
+/// A crash sweep: at fences `1, 1 + step, 1 + 2 * step, …`, `round(fence, CrashOptions::STRICT)`
+/// then `round(fence, CrashOptions::random(fence ^ seed))`, until a strict round returns `None`
+/// (its ops finished before the fence). Returns the reports of the rounds that crashed, and the
+/// fence at which the sweep ended.
+pub fn sweep_fences(
+    step: u64,
+    seed: u64,
+    mut round: impl FnMut(u64, CrashOptions) -> Option<RecoveryReport>,
+) -> (Vec<RecoveryReport>, u64) {
+    let mut reps = Vec::new();
+    let mut fence = 1;
+    while let Some(r) = round(fence, CrashOptions::STRICT) {
+        reps.push(r);
+        reps.extend(round(fence, CrashOptions::random(fence ^ seed)));
+        fence += step;
+    }
+    (reps, fence)
+}
+
+/// A sweep step that scales with `NUMAKV_TEST_SCALE`: 4 × `step` at scale 1, 2 × at scale 2,
+/// `step` from scale 3 (a step of 0 counts as 1).
+pub fn sweep_step(step: u64) -> u64 {
+    step.max(1) * (4 / super::test_scale().min(4)) as u64
+}
+
 /// Sum of a recovery counter over reports.
 pub fn counter_sum(reps: &[RecoveryReport], name: &str) -> u64 {
     reps.iter().flat_map(|r| r.counters.iter()).filter(|c| c.0 == name).map(|c| c.1).sum()
