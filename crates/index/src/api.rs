@@ -3,6 +3,7 @@
 //! a pool).
 
 use std::fmt::Debug;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,30 @@ pub fn hosts_engine(pool_engine: &str, engine: &str) -> bool {
         || pool_engine
             .strip_suffix(engine)
             .is_some_and(|layer| layer.len() > 1 && layer.ends_with('-'))
+}
+
+/// The pool checks an engine's `create` makes before it formats anything: the pool's header
+/// names `engine` or a layer over it ([`hosts_engine`]), else [`Error::InvalidOptions`]
+/// "pool belongs to engine …".
+pub fn check_pool_engine(pool: &Pool, engine: &str) -> Result<()> {
+    let name = &pool.header().engine.name;
+    if hosts_engine(name, engine) {
+        Ok(())
+    } else {
+        Err(Error::InvalidOptions(format!("pool belongs to engine {name:?}, not {engine}")))
+    }
+}
+
+/// [`check_pool_engine`], then that root slot `meta_slot`, which holds the engine's format word
+/// once a store exists, is still 0: else [`Error::InvalidOptions`] "pool already holds `what`"
+/// (`what` names the store: "a nobtree").
+pub fn check_fresh_pool(pool: &Pool, engine: &str, meta_slot: usize, what: &str) -> Result<()> {
+    check_pool_engine(pool, engine)?;
+    // ORDERING: Acquire, as any reader of a format word: a store that is there is seen whole.
+    if pool.root(meta_slot)?.load(Ordering::Acquire) != 0 {
+        return Err(Error::InvalidOptions(format!("pool already holds {what}")));
+    }
+    Ok(())
 }
 
 /// An ordered map from `u64` keys (`1..=u64::MAX-1`) to `u64` values (any value, 0 included),
@@ -172,6 +197,25 @@ mod tests {
         assert!(!hosts_engine("-fastfair", "fastfair"));
         assert!(!hosts_engine("napfastfair", "fastfair"));
         assert!(!hosts_engine("not-fastfair2", "fastfair"));
+    }
+
+    #[test]
+    fn create_refuses_foreign_and_formatted_pools() {
+        use numakv_pmem::PoolConfig;
+        let pool = Pool::volatile(PoolConfig::new(EngineId::new("nap-toy", 1), 1 << 20)).unwrap();
+        assert!(check_pool_engine(&pool, "toy").is_ok());
+        let e = check_pool_engine(&pool, "other").unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidOptions(m) if m.contains("\"nap-toy\", not other")),
+            "{e}"
+        );
+        assert!(check_fresh_pool(&pool, "toy", 3, "a toy").is_ok());
+        pool.root(3).unwrap().store(1, Ordering::Release);
+        let e = check_fresh_pool(&pool, "toy", 3, "a toy").unwrap_err();
+        assert!(matches!(&e, Error::InvalidOptions(m) if m == "pool already holds a toy"), "{e}");
+        assert!(
+            matches!(check_fresh_pool(&pool, "other", 3, "an other"), Err(Error::InvalidOptions(m)) if m.contains("belongs to"))
+        );
     }
 
     #[test]

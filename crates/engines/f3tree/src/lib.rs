@@ -630,16 +630,7 @@ impl Engine for F3Tree {
 
     fn create(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<F3Tree> {
         opts.validate()?;
-        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
-            return Err(Error::InvalidOptions(format!(
-                "pool belongs to engine {:?}, not {}",
-                pool.header().engine.name,
-                Self::NAME
-            )));
-        }
-        if pool.root(layout::SLOT_META)?.load(Ordering::Acquire) != 0 {
-            return Err(Error::InvalidOptions("pool already holds an f3tree".into()));
-        }
+        numakv_index::check_fresh_pool(&pool, Self::NAME, layout::SLOT_META, "an f3tree")?;
         let nsm = Nsm::new(Arc::clone(&pool), opts.nsm_mode())?;
         let tree =
             FastFair::create_with(Arc::clone(&pool), Arc::clone(&nsm), &opts.tree_options())?;

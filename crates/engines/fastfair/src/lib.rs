@@ -427,16 +427,12 @@ impl Engine for FastFair {
     fn create(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<FastFair> {
         layout::validate_node_size(opts.node_size)?;
         layout::validate_root_slot_base(opts.root_slot_base)?;
-        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
-            return Err(Error::InvalidOptions(format!(
-                "pool belongs to engine {:?}, not {}",
-                pool.header().engine.name,
-                Self::NAME
-            )));
-        }
-        if pool.root(opts.root_slot_base + layout::SLOT_META)?.load(Ordering::Acquire) != 0 {
-            return Err(Error::InvalidOptions("pool already holds a fastfair tree".into()));
-        }
+        numakv_index::check_fresh_pool(
+            &pool,
+            Self::NAME,
+            opts.root_slot_base + layout::SLOT_META,
+            "a fastfair tree",
+        )?;
         // A pool with NSM pages (another tree) is refused here: its blocks would be reclaimed
         // by this tree's recovery. Shared pools go through create_with.
         let nsm = Nsm::new(Arc::clone(&pool), opts.nsm_mode)?;

@@ -55,7 +55,7 @@ fn mixed_ops_shared_keys() {
         }
     });
     let r = t.check().unwrap();
-    let all = common::contents(&t);
+    let all = common::contents(&*t);
     assert_eq!(r.entries, all.len() as u64);
     for (k, v) in all {
         assert_eq!(t.get(k).unwrap(), Some(v));

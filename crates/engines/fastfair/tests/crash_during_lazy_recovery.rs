@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{
-    check_contents, model_apply, random_op, reopen, resolve, scrambled, tree_apply,
-    verify_recovered, Op, Rng,
+    apply_all, check_contents, model_apply, random_op, reopen, resolve, run_to_crash, scrambled,
+    tree_apply, verify_recovered, Op, Rng,
 };
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::{Engine, Index};
@@ -31,11 +31,7 @@ fn loaded_store(dir: &Path) -> BTreeMap<u64, u64> {
     let t = common::create_small(dir, SimMode::Shadow, 256, 4 << 20);
     let mut model = BTreeMap::new();
     let mut rng = Rng(0x5eed);
-    for _ in 0..2_000 {
-        let op = Op::Insert(1 + rng.below(1_000_000), rng.next());
-        tree_apply(&t, &model, op);
-        model_apply(&mut model, op);
-    }
+    apply_all(&t, &mut model, (0..2_000).map(|_| Op::Insert(1 + rng.below(1_000_000), rng.next())));
     t.close().unwrap();
     model
 }
@@ -50,25 +46,9 @@ fn split_crash(
 ) -> Option<(BTreeMap<u64, u64>, Op)> {
     let (t, _) = common::reopen_with(dir, SimMode::Shadow, numakv_fastfair::RecoveryMode::Eager);
     let pool = Arc::clone(t.pool());
-    pool.crash_after_fences(fence, CrashOptions::STRICT).unwrap();
-    for k in 1_000_001..1_000_041 {
-        let op = Op::Insert(k, k * 3);
-        tree_apply(&t, &model, op);
-        if pool.has_crashed() {
-            return Some((model, op));
-        }
-        model_apply(&mut model, op);
-    }
-    pool.cancel_crash();
-    None
-}
-
-fn copy_store(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
+    let appends = (1_000_001..1_000_041).map(|k| Op::Insert(k, k * 3));
+    let op = run_to_crash(&t, &pool, fence, CrashOptions::STRICT, &mut model, appends)?;
+    Some((model, op))
 }
 
 #[test]
@@ -80,14 +60,14 @@ fn a_crash_at_each_fence_of_the_background_pass_is_recovered() {
     let (mut crash_points, mut images) = (0, 0);
     let step = (4 / numakv_pmem::crash::test_scale().min(4)) as u64 / 2 + 1;
     for fence in (1..).step_by(step as usize) {
-        copy_store(&loaded, &base);
+        common::copy_store(&loaded, &base);
         let Some((model, op)) = split_crash(&base, before.clone(), fence) else { break };
         let pending = Some(op);
         images += 1;
         // Crash at the 1st, 2nd, ... fence of the background pass (nothing else runs, so every
         // fence is its own) until it finishes before the crash fires.
         for k in 1.. {
-            copy_store(&base, &k_dir);
+            common::copy_store(&base, &k_dir);
             let pool = open_pool(&k_dir);
             pool.crash_after_fences(k, CrashOptions::random(fence * 1000 + k)).unwrap();
             let (t, _) = FastFair::open(Arc::clone(&pool), &FastFairOptions::default()).unwrap();

@@ -90,7 +90,7 @@ fn cursors_run_alongside_removes_that_merge_leaves() {
     }
     assert!(t.stats().counter("merges").unwrap_or(0) > 0, "the removes merged no leaf");
     // Merged-away leaves may still await their epoch grace period: not an exact block count.
-    verify(&t, &model, None, false);
+    verify(&*t, &model, None, false);
     assert!(t.check().is_ok());
 }
 

@@ -21,7 +21,7 @@ fn workload(seed: u64) -> (Vec<Op>, Vec<Op>) {
 /// modes see both kinds of crash over the sweep, as the offsets differ).
 fn sweep(mode: PersistMode, step: u64, seed: u64) -> Vec<numakv_index::RecoveryReport> {
     let (pre, ops) = workload(seed);
-    let step = step.max(1) * (4 / numakv_pmem::crash::test_scale().min(4)) as u64;
+    let step = common::sweep_step(step);
     let mut reps = Vec::new();
     let mut fence = 1;
     let round = |fence: u64, copts, rec| crash_round_with(mode, 256, &pre, &ops, fence, copts, rec);

@@ -9,9 +9,9 @@
 
 mod common;
 
-use common::{crash_round, vk, Op, Rng};
+use common::{crash_round, sweep_fences, sweep_step, vk, Op, Rng};
 use numakv_index::{Index, RecoveryReport};
-use numakv_pmem::{CrashOptions, PersistMode};
+use numakv_pmem::PersistMode;
 
 const NS: usize = 256;
 
@@ -39,21 +39,7 @@ fn find_trigger(pre: &[Op], candidates: &[u64], counter: &str) -> (Vec<Op>, Op, 
 
 /// Crashes at every fence of `ops` after `pre`, strict and with random survival; the reports.
 fn every_fence(pre: &[Op], ops: &[Op]) -> Vec<RecoveryReport> {
-    let mut reps = Vec::new();
-    let mut fence = 1;
-    while let Some(r) = crash_round(PersistMode::Adr, NS, pre, ops, fence, CrashOptions::STRICT) {
-        reps.push(r);
-        reps.extend(crash_round(
-            PersistMode::Adr,
-            NS,
-            pre,
-            ops,
-            fence,
-            CrashOptions::random(fence),
-        ));
-        fence += 1;
-    }
-    reps
+    sweep_fences(1, 0, |fence, copts| crash_round(PersistMode::Adr, NS, pre, ops, fence, copts)).0
 }
 
 fn counter(r: &RecoveryReport, name: &str) -> u64 {
@@ -135,15 +121,10 @@ fn delete_heavy(mode: PersistMode, step: u64, seed: u64) -> Vec<RecoveryReport> 
             ops.push(if i % 2 == 0 { Op::Update(j, i as u64) } else { Op::Upsert(k, 0) });
         }
     }
-    let step = step.max(1) * (4 / numakv_pmem::crash::test_scale().min(4)) as u64;
-    let mut reps = Vec::new();
-    let mut fence = 1;
-    while let Some(r) = crash_round(mode, NS, &pre, &ops, fence, CrashOptions::STRICT) {
-        reps.push(r);
-        reps.extend(crash_round(mode, NS, &pre, &ops, fence, CrashOptions::random(fence ^ seed)));
-        fence += step;
-    }
-    reps
+    sweep_fences(sweep_step(step), seed, |fence, copts| {
+        crash_round(mode, NS, &pre, &ops, fence, copts)
+    })
+    .0
 }
 
 #[test]

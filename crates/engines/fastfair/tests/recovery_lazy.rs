@@ -6,20 +6,10 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::{check_contents, crashed_store, full_report, reopen_with, verify_recovered};
 use numakv_fastfair::RecoveryMode;
 use numakv_index::{Engine, Index};
 use numakv_pmem::SimMode;
-
-fn copy_store(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
 
 #[test]
 fn lazy_and_eager_recover_the_same_tree() {
@@ -28,7 +18,7 @@ fn lazy_and_eager_recover_the_same_tree() {
         let d = common::scratch();
         let (a, b) = (d.path().join("a"), d.path().join("b"));
         let (model, pending) = crashed_store(&a, 256, seed, 3_000);
-        copy_store(&a, &b);
+        common::copy_store(&a, &b);
 
         let (lazy, lrep) = reopen_with(&a, SimMode::Shadow, RecoveryMode::Lazy);
         assert_eq!(lrep.counters, vec![("deferred", 1)], "lazy open did recovery work");

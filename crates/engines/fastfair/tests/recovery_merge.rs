@@ -7,7 +7,7 @@ mod common;
 
 use common::{crash_round, Op};
 use numakv_index::Index;
-use numakv_pmem::{CrashOptions, PersistMode};
+use numakv_pmem::PersistMode;
 
 #[test]
 fn crash_inside_a_merge() {
@@ -34,21 +34,9 @@ fn crash_inside_a_merge() {
     let mut all = pre.clone();
     all.extend(removes);
     let ops = [Op::Remove(k)];
-    let mut reps = Vec::new();
-    let mut fence = 1;
-    while let Some(r) = crash_round(PersistMode::Adr, 256, &all, &ops, fence, CrashOptions::STRICT)
-    {
-        reps.push(r);
-        reps.extend(crash_round(
-            PersistMode::Adr,
-            256,
-            &all,
-            &ops,
-            fence,
-            CrashOptions::random(fence),
-        ));
-        fence += 1;
-    }
+    let (reps, fence) = common::sweep_fences(1, 0, |fence, copts| {
+        crash_round(PersistMode::Adr, 256, &all, &ops, fence, copts)
+    });
     assert!(fence >= 5, "the merge took only {fence} fences");
     assert!(common::counter_sum(&reps, "ranges_fixed") > 0, "no crash fell inside the merge");
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::{crash_round, scaled, vk, Op, Rng};
 use numakv_index::Index;
-use numakv_pmem::{CrashOptions, PersistMode};
+use numakv_pmem::PersistMode;
 
 #[test]
 fn readers_during_delete_bursts() {
@@ -66,21 +66,9 @@ fn crash_during_deletes() {
     let pre: Vec<Op> = (1..=200u64).map(|k| Op::Insert(k, vk(k))).collect();
     let mut rng = Rng(5);
     let ops: Vec<Op> = (0..80).map(|_| Op::Remove(1 + rng.below(200))).collect();
-    let mut reps = Vec::new();
-    let mut fence = 1;
-    while let Some(r) = crash_round(PersistMode::Adr, 256, &pre, &ops, fence, CrashOptions::STRICT)
-    {
-        reps.push(r);
-        reps.extend(crash_round(
-            PersistMode::Adr,
-            256,
-            &pre,
-            &ops,
-            fence,
-            CrashOptions::random(fence),
-        ));
-        fence += 3;
-    }
+    let (reps, _) = common::sweep_fences(3, 0, |fence, copts| {
+        crash_round(PersistMode::Adr, 256, &pre, &ops, fence, copts)
+    });
     assert!(reps.len() > 20, "{} rounds", reps.len());
     assert!(common::counter_sum(&reps, "slots_repaired") > 0, "no crash left a transient slot");
 }

@@ -522,16 +522,7 @@ impl Engine for Nobtree {
 
     fn create(pool: Arc<Pool>, opts: &NobtreeOptions) -> Result<Nobtree> {
         Tree::validate_opts(opts)?;
-        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
-            return Err(Error::InvalidOptions(format!(
-                "pool belongs to engine {:?}, not {}",
-                pool.header().engine.name,
-                Self::NAME
-            )));
-        }
-        if pool.root(layout::SLOT_META)?.load(Ordering::Acquire) != 0 {
-            return Err(Error::InvalidOptions("pool already holds a nobtree".into()));
-        }
+        numakv_index::check_fresh_pool(&pool, Self::NAME, layout::SLOT_META, "a nobtree")?;
         let nsm = Nsm::new(Arc::clone(&pool), opts.nsm_mode)?;
         let head = nsm.alloc_on(layout::NODE_SIZE, None)?;
         bottom::init_node(&pool, head, 0, PPtr::NULL, 0, PPtr::NULL, 1, &[])?;

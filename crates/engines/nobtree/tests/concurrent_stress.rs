@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{scaled, vk, volatile, Rng};
+use common::{check_values_name_keys, scaled, vk, volatile, Rng};
 use numakv_index::Index;
 use numakv_nobtree::{MigrationOptions, NobtreeOptions};
 
@@ -94,12 +94,7 @@ fn stress(height: u32, want: &[&str]) {
     }
     t.drain_migrations();
     t.drain_rebuilds();
-    let r = t.check().unwrap();
-    let mut out = Vec::new();
-    t.scan(0, usize::MAX, &mut out).unwrap();
-    assert_eq!(r.entries, out.len() as u64);
-    for (k, v) in out {
-        assert_eq!(v, vk(k));
+    for (k, v) in check_values_name_keys(&t) {
         assert_eq!(t.get(k).unwrap(), Some(v));
     }
     let st = t.stats();

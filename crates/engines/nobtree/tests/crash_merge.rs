@@ -10,10 +10,10 @@
 
 mod common;
 
-use common::{counter_sum, crash_round, quiet, vk, volatile, Op};
+use common::{counter_sum, crash_round, quiet, sweep_fences, sweep_step, vk, volatile, Op};
 use numakv_index::Index;
 use numakv_nobtree::NobtreeOptions;
-use numakv_pmem::{CrashOptions, PersistMode};
+use numakv_pmem::PersistMode;
 
 const N: u64 = 700;
 
@@ -84,21 +84,7 @@ fn sweep_ops(
     step: u64,
     seed: u64,
 ) -> Vec<numakv_index::RecoveryReport> {
-    let mut reps = Vec::new();
-    let mut fence = 1;
-    while let Some(r) = crash_round(mode, &opts(), pre, ops, fence, CrashOptions::STRICT) {
-        reps.push(r);
-        reps.extend(crash_round(
-            mode,
-            &opts(),
-            pre,
-            ops,
-            fence,
-            CrashOptions::random(fence ^ seed),
-        ));
-        fence += step;
-    }
-    reps
+    sweep_fences(step, seed, |fence, copts| crash_round(mode, &opts(), pre, ops, fence, copts)).0
 }
 
 #[test]
@@ -124,22 +110,7 @@ fn every_fence_of_an_inner_merge() {
 
 fn sweep(mode: PersistMode, step: u64, seed: u64) -> Vec<numakv_index::RecoveryReport> {
     let (pre, ops) = workload();
-    let step = step.max(1) * (4 / numakv_pmem::crash::test_scale().min(4)) as u64;
-    let mut reps = Vec::new();
-    let mut fence = 1;
-    while let Some(r) = crash_round(mode, &opts(), &pre, &ops, fence, CrashOptions::STRICT) {
-        reps.push(r);
-        reps.extend(crash_round(
-            mode,
-            &opts(),
-            &pre,
-            &ops,
-            fence,
-            CrashOptions::random(fence ^ seed),
-        ));
-        fence += step;
-    }
-    reps
+    sweep_ops(mode, &pre, &ops, sweep_step(step), seed)
 }
 
 #[test]

@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::{counter_sum, crash_round, quiet, random_op, Op, Rng};
+use common::{counter_sum, crash_round, quiet, random_op, sweep_fences, sweep_step, Op, Rng};
 use numakv_nobtree::NobtreeOptions;
-use numakv_pmem::{CrashOptions, PersistMode};
+use numakv_pmem::PersistMode;
 
 fn workload(seed: u64) -> (Vec<Op>, Vec<Op>) {
     let mut rng = Rng(seed);
@@ -26,15 +26,10 @@ fn sweep(
     seed: u64,
 ) -> Vec<numakv_index::RecoveryReport> {
     let (pre, ops) = workload(seed);
-    let step = step.max(1) * (4 / numakv_pmem::crash::test_scale().min(4)) as u64;
-    let mut reps = Vec::new();
-    let mut fence = 1;
-    while let Some(r) = crash_round(mode, opts, &pre, &ops, fence, CrashOptions::STRICT) {
-        reps.push(r);
-        reps.extend(crash_round(mode, opts, &pre, &ops, fence, CrashOptions::random(fence ^ seed)));
-        fence += step;
-    }
-    reps
+    sweep_fences(sweep_step(step), seed, |fence, copts| {
+        crash_round(mode, opts, &pre, &ops, fence, copts)
+    })
+    .0
 }
 
 #[test]

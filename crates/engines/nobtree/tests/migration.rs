@@ -7,9 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{quiet, vk, volatile, Rng};
+use common::{check_values_name_keys, quiet, vk, volatile, Rng};
 use numakv_index::Index;
-use numakv_nobtree::{MigrationOptions, NobtreeOptions};
+use numakv_nobtree::{MigrationOptions, Nobtree, NobtreeOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
 use numakv_pmem::numa::set_current_node;
 
@@ -57,103 +57,57 @@ fn migrations_race_with_operations() {
     for k in 1..=SPACE {
         t.insert(k, vk(k)).unwrap();
     }
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let t = &t;
-        let stop = &stop;
-        s.spawn(move || {
-            let mut rng = Rng(99);
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let k = 1 + rng.below(SPACE);
-                if t.migrate_leaf_of(k, (n % 2) as usize).unwrap() {
-                    n += 1;
+    let mut rng = Rng(99);
+    let mut n = 0u64;
+    let migrate = || {
+        let k = 1 + rng.below(SPACE);
+        if t.migrate_leaf_of(k, (n % 2) as usize).unwrap() {
+            n += 1;
+        }
+    };
+    race(migrate, |th| {
+        let mut rng = Rng(0xabc + th);
+        let mut out = Vec::new();
+        for _ in 0..common::scaled(60_000) {
+            let k = 1 + rng.below(SPACE);
+            match rng.below(10) {
+                0 | 1 => {
+                    t.upsert(k, vk(k)).unwrap();
+                }
+                2 => {
+                    t.remove(k).unwrap();
+                }
+                3 => {
+                    t.insert(k, vk(k)).unwrap();
+                }
+                4 => {
+                    out.clear();
+                    t.scan(k, 20, &mut out).unwrap();
+                    for w in out.windows(2) {
+                        assert!(w[0].0 < w[1].0);
+                    }
+                    for &(kk, v) in &out {
+                        assert_eq!(v, vk(kk));
+                    }
+                }
+                _ => {
+                    if let Some(v) = t.get(k).unwrap() {
+                        assert_eq!(v, vk(k));
+                    }
                 }
             }
-            assert!(n > 0, "no migration succeeded");
-        });
-        let workers: Vec<_> = (0..3u64)
-            .map(|th| {
-                s.spawn(move || {
-                    set_current_node((th % 2) as usize);
-                    let mut rng = Rng(0xabc + th);
-                    let mut out = Vec::new();
-                    for _ in 0..common::scaled(60_000) {
-                        let k = 1 + rng.below(SPACE);
-                        match rng.below(10) {
-                            0 | 1 => {
-                                t.upsert(k, vk(k)).unwrap();
-                            }
-                            2 => {
-                                t.remove(k).unwrap();
-                            }
-                            3 => {
-                                t.insert(k, vk(k)).unwrap();
-                            }
-                            4 => {
-                                out.clear();
-                                t.scan(k, 20, &mut out).unwrap();
-                                for w in out.windows(2) {
-                                    assert!(w[0].0 < w[1].0);
-                                }
-                                for &(kk, v) in &out {
-                                    assert_eq!(v, vk(kk));
-                                }
-                            }
-                            _ => {
-                                if let Some(v) = t.get(k).unwrap() {
-                                    assert_eq!(v, vk(k));
-                                }
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().unwrap();
         }
-        stop.store(true, Ordering::Relaxed);
     });
-    let r = t.check().unwrap();
-    let mut out = Vec::new();
-    t.scan(0, usize::MAX, &mut out).unwrap();
-    assert_eq!(r.entries, out.len() as u64);
-    for (k, v) in out {
-        assert_eq!(v, vk(k));
-    }
+    assert!(n > 0, "no migration succeeded");
+    check_values_name_keys(&t);
 }
 
 #[test]
 fn coordinator_moves_hot_remote_leaves() {
-    let opts = NobtreeOptions {
-        nsm_mode: NsmMode::Node(0),
-        migration: MigrationOptions { hot_threshold: 4, ..Default::default() },
-        ..Default::default()
-    };
-    let t = volatile(&opts);
-    for k in 1..=20_000u64 {
-        t.insert(k, vk(k)).unwrap();
-    }
+    let (t, hot) = hot_store(NobtreeOptions::default().height);
     // Threads on node 1 with their own hot keys, all of whose leaves sit on node 0.
-    let hot: Vec<u64> = (1..=40u64).map(|i| i * 487).collect();
     assert!(hot.iter().all(|&k| t.leaf_node_of(k).unwrap() == 0));
-    std::thread::scope(|s| {
-        for th in 0..2usize {
-            let t = &t;
-            let hot = &hot;
-            s.spawn(move || {
-                set_current_node(1);
-                let mut rng = Rng(th as u64 + 5);
-                for _ in 0..100_000usize {
-                    // Random, not cyclic: a cycle could alias with the every-10th sampling.
-                    let k = hot[rng.below(hot.len() as u64) as usize];
-                    assert_eq!(t.get(k).unwrap(), Some(vk(k)));
-                }
-            });
-        }
-    });
-    t.drain_migrations();
+    read_hot_from_node_1(&t, &hot, 5);
     let st = t.stats();
     assert!(st.counter("migrations").unwrap() > 0, "{:?}", st.counters);
     let local = hot.iter().filter(|&&k| t.leaf_node_of(k).unwrap() == 1).count();
@@ -219,84 +173,40 @@ fn inner_migrations_race_with_operations() {
     for k in 1..=SPACE {
         t.insert(k, vk(k)).unwrap();
     }
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let (t, stop) = (&t, &stop);
-        s.spawn(move || {
-            let mut rng = Rng(7);
-            let mut n = [0u64; 3];
-            while !stop.load(Ordering::Relaxed) {
-                let k = 1 + rng.below(SPACE);
-                let level = rng.below(3) as u32;
-                if t.migrate_node_of(k, level, rng.below(2) as usize).unwrap() {
-                    n[level as usize] += 1;
+    let mut rng = Rng(7);
+    let mut n = [0u64; 3];
+    let migrate = || {
+        let k = 1 + rng.below(SPACE);
+        let level = rng.below(3) as u32;
+        if t.migrate_node_of(k, level, rng.below(2) as usize).unwrap() {
+            n[level as usize] += 1;
+        }
+    };
+    race(migrate, |th| {
+        let mut rng = Rng(0xdef + th);
+        for _ in 0..common::scaled(40_000) {
+            let k = 1 + rng.below(2 * SPACE);
+            match rng.below(10) {
+                0..=2 => t.upsert(k, vk(k)).unwrap(),
+                3 | 4 => {
+                    t.remove(k).unwrap();
+                }
+                _ => {
+                    if let Some(v) = t.get(k).unwrap() {
+                        assert_eq!(v, vk(k));
+                    }
                 }
             }
-            assert!(n[1] > 0 && n[2] > 0, "no inner or root migration succeeded: {n:?}");
-        });
-        let workers: Vec<_> = (0..3u64)
-            .map(|th| {
-                s.spawn(move || {
-                    set_current_node((th % 2) as usize);
-                    let mut rng = Rng(0xdef + th);
-                    for _ in 0..common::scaled(40_000) {
-                        let k = 1 + rng.below(2 * SPACE);
-                        match rng.below(10) {
-                            0..=2 => t.upsert(k, vk(k)).unwrap(),
-                            3 | 4 => {
-                                t.remove(k).unwrap();
-                            }
-                            _ => {
-                                if let Some(v) = t.get(k).unwrap() {
-                                    assert_eq!(v, vk(k));
-                                }
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().unwrap();
         }
-        stop.store(true, Ordering::Relaxed);
     });
-    let r = t.check().unwrap();
-    let mut out = Vec::new();
-    t.scan(0, usize::MAX, &mut out).unwrap();
-    assert_eq!(r.entries, out.len() as u64);
-    for (k, v) in out {
-        assert_eq!(v, vk(k));
-    }
+    assert!(n[1] > 0 && n[2] > 0, "no inner or root migration succeeded: {n:?}");
+    check_values_name_keys(&t);
 }
 
 #[test]
 fn coordinator_moves_hot_remote_inner_nodes() {
-    let opts = NobtreeOptions {
-        height: 3,
-        nsm_mode: NsmMode::Node(0),
-        migration: MigrationOptions { hot_threshold: 4, ..Default::default() },
-        ..Default::default()
-    };
-    let t = volatile(&opts);
-    for k in 1..=20_000u64 {
-        t.insert(k, vk(k)).unwrap();
-    }
-    let hot: Vec<u64> = (1..=40u64).map(|i| i * 487).collect();
-    std::thread::scope(|s| {
-        for th in 0..2usize {
-            let (t, hot) = (&t, &hot);
-            s.spawn(move || {
-                set_current_node(1);
-                let mut rng = Rng(th as u64 + 11);
-                for _ in 0..100_000usize {
-                    let k = hot[rng.below(hot.len() as u64) as usize];
-                    assert_eq!(t.get(k).unwrap(), Some(vk(k)));
-                }
-            });
-        }
-    });
-    t.drain_migrations();
+    let (t, hot) = hot_store(3);
+    read_hot_from_node_1(&t, &hot, 11);
     let st = t.stats();
     for level in 0..3 {
         let local = hot.iter().filter(|&&k| t.node_of(k, level).unwrap() == 1).count();
@@ -308,4 +218,65 @@ fn coordinator_moves_hot_remote_inner_nodes() {
         );
     }
     t.check().unwrap();
+}
+
+/// Runs `migrate` over and over on one thread while 3 workers run `work(th)`, worker `th` on
+/// node `th % 2`; `migrate` stops when the workers are done.
+fn race(mut migrate: impl FnMut() + Send, work: impl Fn(u64) + Sync) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (stop, work) = (&stop, &work);
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                migrate();
+            }
+        });
+        let workers: Vec<_> = (0..3u64)
+            .map(|th| {
+                s.spawn(move || {
+                    set_current_node((th % 2) as usize);
+                    work(th);
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
+/// A store of `height` levels with the migration coordinator on (hot threshold 4), keys
+/// `1..=20_000` all on node 0, and the 40 keys its readers will make hot.
+fn hot_store(height: u32) -> (Nobtree, Vec<u64>) {
+    let opts = NobtreeOptions {
+        height,
+        nsm_mode: NsmMode::Node(0),
+        migration: MigrationOptions { hot_threshold: 4, ..Default::default() },
+        ..Default::default()
+    };
+    let t = volatile(&opts);
+    for k in 1..=20_000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    (t, (1..=40u64).map(|i| i * 487).collect())
+}
+
+/// 2 threads on node 1 read random keys of `hot` (thread `th` seeded with `seed + th`), then the
+/// coordinator's pending migrations are drained.
+fn read_hot_from_node_1(t: &Nobtree, hot: &[u64], seed: u64) {
+    std::thread::scope(|s| {
+        for th in 0..2u64 {
+            s.spawn(move || {
+                set_current_node(1);
+                let mut rng = Rng(th + seed);
+                for _ in 0..100_000usize {
+                    // Random, not cyclic: a cycle could alias with the every-10th sampling.
+                    let k = hot[rng.below(hot.len() as u64) as usize];
+                    assert_eq!(t.get(k).unwrap(), Some(vk(k)));
+                }
+            });
+        }
+    });
+    t.drain_migrations();
 }

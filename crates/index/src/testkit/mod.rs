@@ -17,6 +17,9 @@
 //! allocated blocks right after recovery). Each call returns a [`Violation`] describing the first
 //! broken rule; [`conformance_tests!`](crate::conformance_tests) turns the calls into `#[test]`s.
 //!
+//! [`scenario`] holds the building blocks of an engine's own hand-written scenario tests (a
+//! random op, a model, a recovered store checked against it, a crash round's steps).
+//!
 //! Sizes scale with `NUMAKV_TEST_SCALE` ([`numakv_pmem::crash::test_scale`]): 1 (the default)
 //! keeps each call to a few seconds on 2 cores.
 
@@ -27,6 +30,7 @@ mod differential;
 pub mod linearize;
 mod model;
 mod scans;
+pub mod scenario;
 pub mod toy;
 
 use std::fmt;

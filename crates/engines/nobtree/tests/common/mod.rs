@@ -46,112 +46,8 @@ pub fn reopen(dir: &Path, sim: SimMode, opts: &NobtreeOptions) -> (Nobtree, Reco
     Nobtree::open(pool, opts).unwrap()
 }
 
-/// Small deterministic PRNG (xorshift).
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// One mutating operation.
-#[derive(Clone, Copy, Debug)]
-pub enum Op {
-    Insert(u64, u64),
-    Upsert(u64, u64),
-    Update(u64, u64),
-    Remove(u64),
-}
-
-pub fn model_apply(m: &mut BTreeMap<u64, u64>, op: Op) {
-    match op {
-        Op::Insert(k, v) => {
-            m.entry(k).or_insert(v);
-        }
-        Op::Upsert(k, v) => {
-            m.insert(k, v);
-        }
-        Op::Update(k, v) => {
-            if let Some(x) = m.get_mut(&k) {
-                *x = v;
-            }
-        }
-        Op::Remove(k) => {
-            m.remove(&k);
-        }
-    }
-}
-
-pub fn tree_apply(t: &Nobtree, m: &BTreeMap<u64, u64>, op: Op) {
-    match op {
-        Op::Insert(k, v) => assert_eq!(t.insert(k, v).unwrap(), !m.contains_key(&k), "{op:?}"),
-        Op::Upsert(k, v) => t.upsert(k, v).unwrap(),
-        Op::Update(k, v) => assert_eq!(t.update(k, v).unwrap(), m.contains_key(&k), "{op:?}"),
-        Op::Remove(k) => assert_eq!(t.remove(k).unwrap(), m.contains_key(&k), "{op:?}"),
-    }
-}
-
-/// A random mutating op on keys `1..=space`.
-pub fn random_op(rng: &mut Rng, space: u64, insert_bias: u64) -> Op {
-    let k = 1 + rng.below(space);
-    let v = match rng.below(3) {
-        0 => 0,
-        1 => u64::MAX,
-        _ => rng.next(),
-    };
-    let d = rng.below(10);
-    if d < insert_bias {
-        Op::Insert(k, v)
-    } else if d < insert_bias + 1 {
-        Op::Upsert(k, v)
-    } else if d < insert_bias + 2 {
-        Op::Update(k, v)
-    } else {
-        Op::Remove(k)
-    }
-}
-
-/// Everything in the tree, by a full scan (strictly ascending).
-pub fn contents(t: &Nobtree) -> BTreeMap<u64, u64> {
-    let mut out = Vec::new();
-    t.scan(0, usize::MAX, &mut out).unwrap();
-    for w in out.windows(2) {
-        assert!(w[0].0 < w[1].0, "scan not strictly ascending: {w:?}");
-    }
-    out.into_iter().collect()
-}
-
-/// `check()` (exact: no leak), contents = model with the pending op wholly absent or applied,
-/// point gets agree.
-pub fn verify(t: &Nobtree, model: &BTreeMap<u64, u64>, pending: Option<Op>, exact: bool) {
-    let r = t.check().unwrap();
-    if exact {
-        assert_eq!(r.reachable_blocks, r.allocated_blocks, "leak or double allocation: {r:?}");
-    } else {
-        assert!(r.reachable_blocks <= r.allocated_blocks, "{r:?}");
-    }
-    let got = contents(t);
-    assert_eq!(r.entries, got.len() as u64);
-    let mut after = model.clone();
-    if let Some(op) = pending {
-        model_apply(&mut after, op);
-    }
-    assert!(
-        got == *model || got == after,
-        "recovered contents are neither before nor after {pending:?}"
-    );
-    for (k, v) in &got {
-        assert_eq!(t.get(*k).unwrap(), Some(*v));
-    }
-}
+// The engine-independent scenario helpers (op, model, checks of a recovered tree).
+pub use numakv_index::testkit::scenario::*;
 
 /// One crash round: a fresh shadow store, `pre` applied, a crash armed for the `fence`-th
 /// fence while `ops` run. `None` when the ops finished first. On crash: reopen, verify, more
@@ -167,52 +63,27 @@ pub fn crash_round(
     let d = tempfile::tempdir().unwrap();
     let t = create(d.path(), mode, SimMode::Shadow, opts);
     let mut model = BTreeMap::new();
-    for &op in pre {
-        tree_apply(&t, &model, op);
-        model_apply(&mut model, op);
-    }
+    apply_all(&t, &mut model, pre.iter().copied());
     let pool = Arc::clone(t.pool());
-    pool.crash_after_fences(fence, copts).unwrap();
-    let mut pending = None;
-    for &op in ops {
-        tree_apply(&t, &model, op);
-        if pool.has_crashed() {
-            pending = Some(op);
-            break;
-        }
-        model_apply(&mut model, op);
-    }
-    if pending.is_none() {
-        pool.cancel_crash();
-        return None;
-    }
+    let pending = Some(run_to_crash(&t, &pool, fence, copts, &mut model, ops.iter().copied())?);
     drop(t);
     drop(pool);
     let (t, rep) = reopen(d.path(), SimMode::Shadow, opts);
     assert!(!rep.was_clean);
     verify(&t, &model, pending, true);
-    let mut model = contents(&t);
-    let mut rng = Rng(fence * 7 + 1);
-    for _ in 0..300 {
-        let op = random_op(&mut rng, 3000, 6);
-        tree_apply(&t, &model, op);
-        model_apply(&mut model, op);
-    }
-    verify(&t, &model, None, false);
+    keep_working(&t, fence * 7 + 1, 300, 3000, 6);
     Some(rep)
 }
 
-/// Sum of a recovery counter over reports.
-pub fn counter_sum(reps: &[RecoveryReport], name: &str) -> u64 {
-    reps.iter().flat_map(|r| r.counters.iter()).filter(|c| c.0 == name).map(|c| c.1).sum()
-}
-
-/// A value that names its key.
-pub fn vk(k: u64) -> u64 {
-    k.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// Scaled count.
-pub fn scaled(n: usize) -> usize {
-    n * numakv_pmem::crash::test_scale()
+/// `check()` passes and counts the entries of a full scan, and every value names its key
+/// ([`vk`]). Returns the scan.
+pub fn check_values_name_keys(t: &Nobtree) -> Vec<(u64, u64)> {
+    let r = t.check().unwrap();
+    let mut out = Vec::new();
+    t.scan(0, usize::MAX, &mut out).unwrap();
+    assert_eq!(r.entries, out.len() as u64);
+    for &(k, v) in &out {
+        assert_eq!(v, vk(k));
+    }
+    out
 }
