@@ -361,16 +361,7 @@ impl Engine for NbTree {
 
     fn create(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<NbTree> {
         layout::validate_slots(opts.leaf_slots)?;
-        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
-            return Err(Error::InvalidOptions(format!(
-                "pool belongs to engine {:?}, not {}",
-                pool.header().engine.name,
-                Self::NAME
-            )));
-        }
-        if pool.root(SLOT_META)?.load(Ordering::Acquire) != 0 {
-            return Err(Error::InvalidOptions("pool already holds an nbtree".into()));
-        }
+        numakv_index::check_fresh_pool(&pool, Self::NAME, SLOT_META, "an nbtree")?;
         let slots = opts.leaf_slots;
         let shape = Shape { slots, coupled: opts.coupled };
         // Leaves get most of each node; a smaller pool is retried with fewer chunks, then with

@@ -633,13 +633,7 @@ impl Engine for NStore {
     fn create(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<NStore> {
         opts.validate()?;
         let file_pages = opts.file_pages(&pool)?;
-        if !numakv_index::hosts_engine(&pool.header().engine.name, Self::NAME) {
-            return Err(Error::InvalidOptions(format!(
-                "pool belongs to engine {:?}, not {}",
-                pool.header().engine.name,
-                Self::NAME
-            )));
-        }
+        numakv_index::check_pool_engine(&pool, Self::NAME)?;
         if pool.nodes() > MAX_NODES {
             return Err(Error::InvalidOptions(format!(
                 "nstore addresses at most {MAX_NODES} nodes, the pool has {}",
