@@ -116,12 +116,15 @@ impl FastFair {
             expected = Some(kids);
         }
         // Nodes retired by the last merges are freed after their grace period (check runs
-        // quiescent, unpinned): let them settle before comparing.
-        numakv_pmem::alloc::settle_deferred_frees(
-            seen.len() as u64,
-            std::time::Duration::from_secs(5),
-            || self.nsm.allocated_blocks().len() as u64,
-        );
+        // quiescent, unpinned): let them settle before comparing. A shared NSM (an embedder's)
+        // holds other blocks too; its owner settles the total.
+        if self.owns_nsm {
+            numakv_pmem::alloc::settle_deferred_frees(
+                seen.len() as u64,
+                std::time::Duration::from_secs(5),
+                || self.nsm.allocated_blocks().len() as u64,
+            );
+        }
         let allocated = self.nsm.allocated_blocks();
         for p in &seen {
             if allocated.binary_search(p).is_err() {

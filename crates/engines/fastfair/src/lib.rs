@@ -166,6 +166,10 @@ pub struct FastFair {
     repairing: Arc<AtomicBool>,
     /// The background recovery of a lazy open.
     background: Mutex<recovery::Background>,
+    /// Whether NSM holds this tree's nodes only ([`Engine::create`] / [`Engine::open`]), so
+    /// that `check()` can wait for retired nodes' deferred frees until the allocated count
+    /// meets the reachable one; an embedder's shared NSM holds other blocks too.
+    owns_nsm: bool,
 }
 
 /// What a leaf write does.
@@ -190,6 +194,7 @@ impl FastFair {
             counters: Arc::default(),
             repairing: Arc::default(),
             background: Mutex::default(),
+            owns_nsm: false,
         }
     }
 
@@ -207,6 +212,7 @@ impl FastFair {
             counters: Arc::clone(&self.counters),
             repairing: Arc::clone(&self.repairing),
             background: Mutex::default(),
+            owns_nsm: self.owns_nsm,
         }
     }
 
@@ -436,11 +442,15 @@ impl Engine for FastFair {
         // A pool with NSM pages (another tree) is refused here: its blocks would be reclaimed
         // by this tree's recovery. Shared pools go through create_with.
         let nsm = Nsm::new(Arc::clone(&pool), opts.nsm_mode)?;
-        FastFair::create_with(pool, nsm, opts)
+        let mut tree = FastFair::create_with(pool, nsm, opts)?;
+        tree.owns_nsm = true;
+        Ok(tree)
     }
 
     fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair, RecoveryReport)> {
-        recovery::open(pool, opts)
+        let (mut tree, report) = recovery::open(pool, opts)?;
+        tree.owns_nsm = true;
+        Ok((tree, report))
     }
 
     /// Lets a pending background recovery finish (so that a cleanly closed store is collected

@@ -1,8 +1,8 @@
-//! ADR power failures at every fence of a switch, so that crashes land in each phase (install,
-//! flush, recycle) and right after it: values written into the old NAL from both nodes (updates,
-//! deletes, inserts), the raw index's values, and a NAL key that was never written must all come
-//! back exactly; `check()` passes and no PM leaks. Some recoveries crash again. Run over both raw
-//! engines the issue names: FAST&FAIR and NBTree (in ADR mode, which NBTree claims too).
+//! Power failures (ADR and eADR) at every fence of a switch, so that crashes land in each phase
+//! (install, flush, recycle) and right after it: values written into the old NAL from both nodes
+//! (updates, deletes, inserts), the raw index's values, and a NAL key that was never written must
+//! all come back exactly; `check()` passes and no PM leaks. Some recoveries crash again. Run over
+//! both raw engines the issue names: FAST&FAIR and NBTree.
 
 mod common;
 
@@ -67,16 +67,28 @@ fn recover<I: Inner>(dir: &Path, opts: &NapOptions<I::Options>, rng: &mut SmallR
 }
 
 #[test]
-fn crash_in_every_phase_of_a_switch_fastfair() {
-    crash_in_every_phase_of_a_switch::<FastFair>();
+fn crash_in_every_phase_of_a_switch_fastfair_adr() {
+    crash_in_every_phase_of_a_switch::<FastFair>(PersistMode::Adr);
 }
 
 #[test]
-fn crash_in_every_phase_of_a_switch_nbtree() {
-    crash_in_every_phase_of_a_switch::<NbTree>();
+fn crash_in_every_phase_of_a_switch_nbtree_adr() {
+    crash_in_every_phase_of_a_switch::<NbTree>(PersistMode::Adr);
 }
 
-fn crash_in_every_phase_of_a_switch<I: Inner>() {
+// eADR: every store is durable at the crash; the shadow pool still counts fences as crash
+// points, so crashes land in the same phases.
+#[test]
+fn crash_in_every_phase_of_a_switch_fastfair_eadr() {
+    crash_in_every_phase_of_a_switch::<FastFair>(PersistMode::Eadr);
+}
+
+#[test]
+fn crash_in_every_phase_of_a_switch_nbtree_eadr() {
+    crash_in_every_phase_of_a_switch::<NbTree>(PersistMode::Eadr);
+}
+
+fn crash_in_every_phase_of_a_switch<I: Inner>(mode: PersistMode) {
     let seed: u64 =
         std::env::var("NUMAKV_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42);
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -91,7 +103,7 @@ fn crash_in_every_phase_of_a_switch<I: Inner>() {
         let dir = tmp.path().join(format!("t{trial}"));
         let mut cfg = PoolConfig::new(Nap::<I>::engine_id(), 32 << 20);
         cfg.nodes = 2;
-        cfg.mode = PersistMode::Adr;
+        cfg.mode = mode;
         cfg.sim = SimMode::Shadow;
         let pool = Pool::create(&dir, cfg).unwrap();
         *slot.lock().unwrap() = Arc::downgrade(&pool);
@@ -153,7 +165,10 @@ fn crash_in_every_phase_of_a_switch<I: Inner>() {
         }
         fences += if fences < 40 { 1 } else { rng.gen_range(1..=3) };
     }
-    eprintln!("{}: crashes per phase [idle-after, install, flush, recycle]: {seen:?}", I::NAP_NAME);
+    eprintln!(
+        "{} {mode:?}: crashes per phase [idle-after, install, flush, recycle]: {seen:?}",
+        I::NAP_NAME
+    );
     assert!(
         seen[phase::INSTALL as usize] > 0
             && seen[phase::FLUSH as usize] > 0

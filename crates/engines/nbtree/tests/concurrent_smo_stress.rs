@@ -16,6 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const THREADS: usize = 4;
+/// Operations per thread and run, times `NUMAKV_TEST_SCALE` (e.g. 50 for a long soak).
 const OPS: usize = 4_000;
 
 fn run(slots: usize, keys: u64, variant: Variant, mode: PersistMode, seed: u64) {
@@ -45,8 +46,9 @@ fn run_shape(
             std::thread::spawn(move || {
                 start.wait();
                 let mut rng = SmallRng::seed_from_u64(seed ^ ((th as u64 + 1) * 0x9E37));
-                let mut events = Vec::with_capacity(OPS * 2);
-                for seq in 0..OPS as u64 {
+                let ops = numakv_index::testkit::scenario::scaled(OPS);
+                let mut events = Vec::with_capacity(ops * 2);
+                for seq in 0..ops as u64 {
                     let k = rng.gen_range(1..=keys);
                     // Unique values; every other one with both reserved high bits set.
                     let hi = if seq % 2 == 0 { 0xC000_0000_0000_0000 } else { 0 };
