@@ -345,8 +345,11 @@ impl Detector {
     /// §4.4 "Handling uniform workloads": ① the candidates receive under 10% of the sampled
     /// accesses, or ② the hottest candidate is within 3× of the coldest. Signal ② alone would
     /// also fire on a hot set of equally hot keys that absorbs most accesses (or on a key space
-    /// smaller than the hot set), where a NAL pays off; so it counts only with a full heap that
-    /// receives under half of the accesses.
+    /// smaller than the hot set), where a NAL pays off; so it counts only when the candidates
+    /// receive under half of the accesses and either fill the heap or sit at the noise floor
+    /// (the coldest counted at most twice `min_count`: a uniform stream with about as many
+    /// samples per check as keys, where chance repeats alone make candidates — under a loaded
+    /// machine's longer periods, thousands of them).
     fn uniform(&self, hot: &[(u32, u64)]) -> bool {
         let sum: u64 = hot.iter().map(|&(f, _)| u64::from(f)).sum();
         let share = sum as f64 / self.samples.max(1) as f64;
@@ -356,7 +359,8 @@ impl Detector {
         let max = hot.iter().map(|&(f, _)| f).max().unwrap_or(0);
         let min = hot.iter().map(|&(f, _)| f).min().unwrap_or(0);
         let full = hot.len() >= self.top.cap;
-        full && share < 0.5 && u64::from(max) <= 3 * u64::from(min)
+        let noise_floor = min <= 2 * self.cfg.min_count;
+        (full || noise_floor) && share < 0.5 && u64::from(max) <= 3 * u64::from(min)
     }
 
     pub fn dram_bytes(&self) -> (u64, u64) {
@@ -405,6 +409,48 @@ mod tests {
         }
         for k in 0..1000u64 {
             assert!(s.add(k) > (k % 5) as u32);
+        }
+    }
+
+    #[test]
+    fn chance_repeats_of_a_uniform_stream_are_not_a_hot_set() {
+        // About as many samples as keys: 5 000 keys drawn twice (chance repeats) among 20 000
+        // drawn once. The candidates (count 2) get a third of the samples — over signal ①'s
+        // 10% — and fill only part of a large heap; signal ② at the noise floor empties the NAL.
+        let rec = Recorder::new(100_000, 1);
+        let mut d = Detector::new(3, 850_000, 100_000, cfg());
+        let mut i = 0u64;
+        for k in 0..5_000u64 {
+            for _ in 0..2 {
+                rec.sample(0, i, k * 7919 + 1);
+                i += 1;
+            }
+        }
+        for k in 0..20_000u64 {
+            rec.sample(0, i, 1_000_000_007 + k * 104_729);
+            i += 1;
+        }
+        d.digest(&rec);
+        assert_eq!(d.decide(&(1..=1_000).collect::<Vec<_>>()), Decision::Switch(vec![]));
+        // Ten equally hot keys drawing 60% of the accesses are a hot set, not noise.
+        let mut h = 0u64;
+        for j in 0..25_000u64 {
+            let k = if j % 5 < 3 {
+                h += 1;
+                h % 10 + 1
+            } else {
+                5_000_000 + j
+            };
+            rec.sample(0, i, k);
+            i += 1;
+        }
+        d.digest(&rec);
+        match d.decide(&[]) {
+            // (a few sketch collisions may ride along)
+            Decision::Switch(keys) => {
+                assert!((1..=10).all(|k| keys.contains(&k)) && keys.len() < 20, "{keys:?}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 
