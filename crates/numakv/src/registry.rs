@@ -348,6 +348,30 @@ pub(crate) trait EngineConfig: Sized + Clone + Default {
     }
 }
 
+/// The three [`EngineConfig`] functions that move options into and out of
+/// `EngineOptions::$variant`.
+macro_rules! options_variant {
+    ($variant:ident) => {
+        fn wrap(self) -> EngineOptions {
+            EngineOptions::$variant(self)
+        }
+
+        fn unwrap(opts: &EngineOptions) -> Option<&Self> {
+            match opts {
+                EngineOptions::$variant(o) => Some(o),
+                _ => None,
+            }
+        }
+
+        fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
+            match opts {
+                EngineOptions::$variant(o) => Some(o),
+                _ => None,
+            }
+        }
+    };
+}
+
 fn unknown_key(key: &str, keys: &[OptionKey]) -> String {
     let known = keys.iter().map(|k| k.key).collect::<Vec<_>>().join(", ");
     format!("unknown option {key:?} (options: {known})")
@@ -370,23 +394,7 @@ impl EngineConfig for FastFairOptions {
         },
     ];
 
-    fn wrap(self) -> EngineOptions {
-        EngineOptions::FastFair(self)
-    }
-
-    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
-        match opts {
-            EngineOptions::FastFair(o) => Some(o),
-            _ => None,
-        }
-    }
-
-    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
-        match opts {
-            EngineOptions::FastFair(o) => Some(o),
-            _ => None,
-        }
-    }
+    options_variant!(FastFair);
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
@@ -624,23 +632,7 @@ impl EngineConfig for NobtreeOptions {
         },
     ];
 
-    fn wrap(self) -> EngineOptions {
-        EngineOptions::Nobtree(self)
-    }
-
-    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
-        match opts {
-            EngineOptions::Nobtree(o) => Some(o),
-            _ => None,
-        }
-    }
-
-    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
-        match opts {
-            EngineOptions::Nobtree(o) => Some(o),
-            _ => None,
-        }
-    }
+    options_variant!(Nobtree);
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         fn num<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
@@ -732,23 +724,7 @@ impl EngineConfig for NStoreOptions {
         },
     ];
 
-    fn wrap(self) -> EngineOptions {
-        EngineOptions::NStore(self)
-    }
-
-    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
-        match opts {
-            EngineOptions::NStore(o) => Some(o),
-            _ => None,
-        }
-    }
-
-    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
-        match opts {
-            EngineOptions::NStore(o) => Some(o),
-            _ => None,
-        }
-    }
+    options_variant!(NStore);
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
@@ -821,23 +797,7 @@ impl EngineConfig for NbTreeOptions {
         },
     ];
 
-    fn wrap(self) -> EngineOptions {
-        EngineOptions::NbTree(self)
-    }
-
-    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
-        match opts {
-            EngineOptions::NbTree(o) => Some(o),
-            _ => None,
-        }
-    }
-
-    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
-        match opts {
-            EngineOptions::NbTree(o) => Some(o),
-            _ => None,
-        }
-    }
+    options_variant!(NbTree);
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
@@ -917,23 +877,7 @@ impl EngineConfig for F3TreeOptions {
         },
     ];
 
-    fn wrap(self) -> EngineOptions {
-        EngineOptions::F3Tree(self)
-    }
-
-    fn unwrap(opts: &EngineOptions) -> Option<&Self> {
-        match opts {
-            EngineOptions::F3Tree(o) => Some(o),
-            _ => None,
-        }
-    }
-
-    fn unwrap_mut(opts: &mut EngineOptions) -> Option<&mut Self> {
-        match opts {
-            EngineOptions::F3Tree(o) => Some(o),
-            _ => None,
-        }
-    }
+    options_variant!(F3Tree);
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
