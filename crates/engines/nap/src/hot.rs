@@ -269,9 +269,13 @@ impl Detector {
         }
     }
 
-    /// Reads new records from every buffer, round-robin in batches, until none has more.
+    /// Reads the records written before this call from every buffer, round-robin in batches.
     pub fn digest(&mut self, rec: &Recorder) {
-        let now = rec.now();
+        self.digest_until(rec, rec.now());
+    }
+
+    /// [`Detector::digest`] of the records stamped no later than `now`.
+    fn digest_until(&mut self, rec: &Recorder, now: u64) {
         loop {
             let mut any = false;
             for _ in 0..rec.bufs.len() {
@@ -297,6 +301,12 @@ impl Detector {
             let key = r.key.load(Ordering::Relaxed);
             if ts == 0 || ts <= c.max_ts {
                 // Reached the tail (or the slot was not written yet): stop (§4.4 step 1 i).
+                break;
+            }
+            if ts > now {
+                // Written after this digest began: the next one reads it. Without this bound a
+                // digest never ends while writers outpace it (dense sampling, a starved switch
+                // thread), and the periodic decision never comes.
                 break;
             }
             self.cursors[b] = Cursor { pos: c.pos + 1, max_ts: ts };
@@ -410,6 +420,26 @@ mod tests {
         for k in 0..1000u64 {
             assert!(s.add(k) > (k % 5) as u32);
         }
+    }
+
+    #[test]
+    fn a_digest_reads_only_what_was_written_before_it_began() {
+        // A digest that also took records written while it ran could chase busy writers forever
+        // (dense sampling, a starved switch thread): the periodic decision never came and
+        // nap-shift with every operation sampled saw no switch at all.
+        let rec = Recorder::new(4096, 1);
+        let mut d = Detector::new(3, 1 << 16, 1000, cfg());
+        for i in 0..100u64 {
+            rec.sample(0, i, i + 1);
+        }
+        let cut = rec.now();
+        for i in 100..250u64 {
+            rec.sample(0, i, i + 1);
+        }
+        d.digest_until(&rec, cut);
+        assert_eq!(d.samples, 100, "records after the digest's start were read");
+        d.digest(&rec);
+        assert_eq!(d.samples, 250, "the next digest reads the rest");
     }
 
     #[test]
