@@ -425,8 +425,21 @@ fn pm_lines(
 // space
 // ---------------------------------------------------------------------------------------------
 
-fn load_only(name: &str) -> Workload {
+pub(crate) fn load_only(name: &str) -> Workload {
     Workload::new(name, Mix::only(OpKind::Get)).with_dist(Dist::Uniform)
+}
+
+/// Load `keys` keys (2 loader threads), run nothing, then time a clean reopen and a recovery
+/// after a simulated crash: the configuration of the recovery reproductions.
+pub(crate) fn recovery_config(opts: &ReproOptions, keys: u64) -> BenchConfig {
+    BenchConfig {
+        keys: Some(keys),
+        ops: Some(0),
+        reopen: true,
+        crash: true,
+        load_threads: Some(2),
+        ..base_config(opts)
+    }
 }
 
 fn per_key(bytes: u64, keys: u64) -> f64 {
@@ -508,14 +521,7 @@ fn recovery(
     let counts = [top / 4, top / 2, top];
     let mut report = Report::default();
     for &keys in &counts {
-        let config = BenchConfig {
-            keys: Some(keys),
-            ops: Some(0),
-            reopen: true,
-            crash: true,
-            load_threads: Some(2),
-            ..base_config(opts)
-        };
+        let config = recovery_config(opts, keys);
         let r = run_workloads(&config, &[load_only("recovery")], targets, progress)?;
         report.runs.extend(r.runs);
         report.failures.extend(r.failures);

@@ -308,15 +308,8 @@ pub fn recovery(
     let targets = with_references(targets, given);
     let mut report = Report::default();
     for &keys in &counts {
-        let config = BenchConfig {
-            keys: Some(keys),
-            ops: Some(0),
-            reopen: true,
-            crash: true,
-            load_threads: Some(2),
-            ..base_config(opts)
-        };
-        let w = Workload::new("nstore-recovery", Mix::only(OpKind::Get)).with_dist(Dist::Uniform);
+        let config = crate::repro::recovery_config(opts, keys);
+        let w = crate::repro::load_only("nstore-recovery");
         let r = run_workloads(&config, &[w], &targets, progress)?;
         report.runs.extend(r.runs);
         report.failures.extend(r.failures);
