@@ -159,10 +159,10 @@ where
 
 /// The process entry point: the real arguments, stdout and stderr.
 pub fn main() -> ExitCode {
-    let stdout = io::stdout();
-    let stderr = io::stderr();
-    let mut out = io::BufWriter::new(stdout.lock());
-    let mut err = stderr.lock();
+    // Unlocked handles (each write takes the lock): a held `stderr().lock()` would make any
+    // other thread that writes to stderr, a panicking worker's message included, wait forever.
+    let mut out = io::BufWriter::new(io::stdout());
+    let mut err = io::stderr();
     let mut exit = run_with(std::env::args_os(), &mut out, &mut err);
     if let Err(e) = out.flush() {
         if e.kind() != io::ErrorKind::BrokenPipe {
