@@ -16,7 +16,7 @@ use numakv::{EngineKind, Index, Options, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::dist::{Dist, Zipfian};
+use crate::dist::Dist;
 use crate::engines::EngineTarget;
 use crate::error::{BenchError, Result};
 use crate::plot::{lines_svg, Series};
@@ -243,8 +243,24 @@ pub(crate) fn remote(
 /// engine's counters at the end.
 type ShiftRun = (Vec<u64>, Vec<usize>, Vec<(&'static str, u64)>);
 
-/// Runs the write-intensive zipf workload on a fresh nap-fastfair store for `buckets` buckets of
-/// `bucket`; the hot set moves to other keys at bucket `shift_at`.
+/// Share of the operations that go to the hot set in `nap-shift`.
+const SHIFT_HOT_OPS: f64 = 0.9;
+/// `nap-shift`'s hot set (and Nap's `hot`) is the loaded keys over this.
+const HOT_DIVISOR: u64 = 16;
+/// `nap-shift`'s workers, one per emulated node. The paper leaves the switch thread a core of
+/// its own (71 workers on 72 cores); on a 2-core machine more workers would starve it, so a
+/// switch would last several checks and be followed by more switches.
+const SHIFT_THREADS: usize = 2;
+
+/// Runs a write-intensive hot-set workload on a fresh nap-fastfair store for `buckets` buckets
+/// of `bucket`; the hot set moves to other keys at bucket `shift_at`.
+///
+/// The hot set is `keys / HOT_DIVISOR` keys drawing [`SHIFT_HOT_OPS`] of the operations (uniform inside,
+/// the rest uniform over every key), and Nap's `hot` is the same size. With zipf (the paper's
+/// distribution) on a store this small, the keys around the NAL's boundary rank draw a sample or
+/// two per check, so each check's top keys differ from the NAL's by chance in more than 25% and
+/// the detector switches at every check, which hides the one switch the hotspot change causes.
+/// A hot set of equally hot keys gives one switch per change, as the paper's figure shows.
 fn shift_run(
     dir: &std::path::Path,
     opts: &ReproOptions,
@@ -255,12 +271,14 @@ fn shift_run(
     shift_at: usize,
 ) -> Result<ShiftRun> {
     let mut engine = EngineKind::NapFastFair.default_options();
-    // A hot set large enough that a switch's flush outlasts a good part of a 10 ms bucket (the
-    // paper's 100K-key switch took ~35 ms), every operation sampled so a 0.2 s check sees it.
-    let hot = (keys / 4).to_string();
-    for (k, v) in
-        [("switch_mode", mode), ("hot", hot.as_str()), ("sample", "1"), ("check_period_ms", "200")]
-    {
+    let hot = keys / HOT_DIVISOR;
+    let hot_opt = hot.to_string();
+    for (k, v) in [
+        ("switch_mode", mode),
+        ("hot", hot_opt.as_str()),
+        ("sample", "1"),
+        ("check_period_ms", "200"),
+    ] {
         engine.set(k, v).map_err(|e| BenchError::Config(format!("nap option {k}: {e}")))?;
     }
     let sopts = Options::default()
@@ -277,21 +295,23 @@ fn shift_run(
     for i in 0..keys {
         store.insert(order.key(i), i).map_err(|e| BenchError::Config(format!("load: {e}")))?;
     }
-    const THREADS: usize = 4;
-    let zipf = Zipfian::new(keys, 0.99)?;
+    // Optane's per-line latencies (papers/nstore.txt §II-A1) from here on, so that a switch's
+    // flush of the old NAL into FAST&FAIR costs what PM writes cost: the outage the global lock
+    // causes is that flush. Restored by the guard whatever way this returns.
+    let _latency = LatencyGuard::install(numakv_pmem::LatencyModel::OPTANE);
     let stop = Arc::new(AtomicBool::new(false));
     let shifted = Arc::new(AtomicBool::new(false));
-    let done: Arc<Vec<AtomicU64>> = Arc::new((0..THREADS).map(|_| AtomicU64::new(0)).collect());
-    let barrier = Arc::new(Barrier::new(THREADS + 1));
+    let done: Arc<Vec<AtomicU64>> =
+        Arc::new((0..SHIFT_THREADS).map(|_| AtomicU64::new(0)).collect());
+    let barrier = Arc::new(Barrier::new(SHIFT_THREADS + 1));
     let mut handles = Vec::new();
-    for th in 0..THREADS {
-        let (store, stop, shifted, done, barrier, zipf) = (
+    for th in 0..SHIFT_THREADS {
+        let (store, stop, shifted, done, barrier) = (
             Arc::clone(&store),
             Arc::clone(&stop),
             Arc::clone(&shifted),
             Arc::clone(&done),
             Arc::clone(&barrier),
-            zipf.clone(),
         );
         let seed = opts.seed ^ th as u64;
         handles.push(std::thread::spawn(move || -> std::result::Result<(), String> {
@@ -299,30 +319,54 @@ fn shift_run(
             let mut rng = SmallRng::seed_from_u64(seed);
             barrier.wait();
             while !stop.load(Ordering::Relaxed) {
-                let rank = zipf.sample(&mut rng);
-                // After the shift the hot ranks map to the other half of the keys.
-                let off = if shifted.load(Ordering::Relaxed) { keys / 2 } else { 0 };
-                let k = order.key((rank + off) % keys);
+                // The hot set is ranks [0, hot) before the shift and [keys/2, keys/2 + hot)
+                // after it: disjoint, since hot is under half of the keys.
+                let rank = if rng.gen_bool(SHIFT_HOT_OPS) {
+                    let off = if shifted.load(Ordering::Relaxed) { keys / 2 } else { 0 };
+                    off + rng.gen_range(0..hot)
+                } else {
+                    rng.gen_range(0..keys)
+                };
+                let k = order.key(rank);
                 if rng.gen_bool(0.5) {
                     store.get(k).map_err(|e| e.to_string())?;
                 } else {
                     store.upsert(k, rng.gen()).map_err(|e| e.to_string())?;
                 }
+                // One operation for the latency emulation: its lines are charged once each.
+                numakv_pmem::account::op_end();
                 done[th].fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
         }));
     }
-    let switches =
-        || store.stats().counters.iter().find(|c| c.0 == "nap_switches").map_or(0, |c| c.1);
     let total = || done.iter().map(|d| d.load(Ordering::Relaxed)).sum::<u64>();
     barrier.wait();
     // Let the first switch happen before the plotted window (five checks; a smoke run: two).
     std::thread::sleep(Duration::from_millis(if buckets < 100 { 400 } else { 1_000 }));
-    let mut ops = Vec::with_capacity(buckets);
-    let mut marks = Vec::new();
-    let (mut last_ops, mut last_sw) = (total(), switches());
+    // Switch completions are watched by a thread of their own: `stats()` waits for a running
+    // switch to finish, which would stretch the bucket it was called in.
+    let watching = Arc::new(AtomicBool::new(true));
     let t0 = Instant::now();
+    let watcher = {
+        let (store, watching) = (Arc::clone(&store), Arc::clone(&watching));
+        std::thread::spawn(move || {
+            let switches =
+                || store.stats().counters.iter().find(|c| c.0 == "nap_switches").map_or(0, |c| c.1);
+            let (mut last, mut done_at) = (switches(), Vec::new());
+            while watching.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+                let now = switches();
+                if now != last {
+                    done_at.push(t0.elapsed());
+                    last = now;
+                }
+            }
+            done_at
+        })
+    };
+    let mut ops = Vec::with_capacity(buckets);
+    let mut last_ops = total();
     for b in 0..buckets {
         if b == shift_at {
             shifted.store(true, Ordering::Relaxed);
@@ -331,13 +375,19 @@ fn shift_run(
         if let Some(d) = until.checked_sub(t0.elapsed()) {
             std::thread::sleep(d);
         }
-        let (o, s) = (total(), switches());
+        let o = total();
         ops.push(o - last_ops);
-        if s != last_sw {
-            marks.push(b);
-        }
-        (last_ops, last_sw) = (o, s);
+        last_ops = o;
     }
+    watching.store(false, Ordering::Relaxed);
+    let mut marks: Vec<usize> = watcher
+        .join()
+        .map_err(|_| BenchError::Config("the switch watcher panicked".into()))?
+        .into_iter()
+        .map(|t| (t.as_nanos() / bucket.as_nanos().max(1)) as usize)
+        .filter(|&b| b < buckets)
+        .collect();
+    marks.dedup();
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.join()
@@ -377,11 +427,14 @@ pub(crate) fn shift(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>
         "nap-shift",
         opts,
         &format!(
-            "{keys} keys loaded into nap-fastfair (hot = {} keys, sample 1, check 0.2 s), 4 \
-             threads on 2 emulated nodes, 50% lookup / 50% upsert, zipf-unscrambled 0.99; 1 s \
-             (0.4 s at small scales) to settle, then {buckets} buckets of 10 ms, the hot set moving to other keys at \
-             bucket {shift_at}; no latency emulation, no PM accounting",
-            keys / 4
+            "{keys} keys loaded into nap-fastfair (hot = {} keys, sample 1, check 0.2 s), \
+             {SHIFT_THREADS} threads on 2 emulated nodes, 50% lookup / 50% upsert, {:.0}% of them on a hot set \
+             of {} keys (uniform inside it, the rest uniform over every key); Optane latency \
+             emulated per PM line; 1 s (0.4 s at small scales) to settle, then {buckets} buckets \
+             of 10 ms, the hot set moving to disjoint keys at bucket {shift_at}",
+            keys / HOT_DIVISOR,
+            SHIFT_HOT_OPS * 100.0,
+            keys / HOT_DIVISOR
         ),
     );
     md.push_str(
@@ -393,26 +446,29 @@ pub(crate) fn shift(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>
          throughput is 0) for about 195ms.\"\n\n## Our measurement\n\n\
          Under the global lock no operation runs while a switch does, so a switch's duration is \
          the outage; the three-phase switch only makes writes to keys of the previous NAL wait \
-         for its flush. On a small shared machine the 10 ms buckets also show the scheduler's \
-         gaps (buckets with 0 operations in both modes): compare the switch durations and the \
-         buckets in which switches completed.\n\n",
+         for its flush. Before the shift the NAL serves the hot set; after it, operations go to \
+         FAST&FAIR until the detector installs the new hot set (the first check after the shift \
+         sees a mix of both sets, so a second switch follows). On a small shared machine the \
+         10 ms buckets also show the scheduler's gaps; an *outage* below is a run of buckets \
+         with no operation at all.\n\n",
     );
     let mut series: Vec<Series> = Vec::new();
     for (mode, (ops, marks, counters)) in &runs {
         let c = |name: &str| counters.iter().find(|c| c.0 == name).map_or(0, |c| c.1);
         let sw = c("nap_switches");
-        let zero = ops.iter().filter(|&&o| o == 0).count();
-        let after: Vec<u64> = ops[shift_at..].to_vec();
+        let after = &ops[shift_at..];
+        let zero = after.iter().filter(|&&o| o == 0).count();
+        let longest = after.split(|&o| o != 0).map(<[u64]>::len).max().unwrap_or(0);
         let before = ops[..shift_at].iter().sum::<u64>() as f64 / shift_at as f64;
-        let min_after = after.iter().copied().min().unwrap_or(0);
         let _ = writeln!(
             md,
-            "- **{mode}**: {:.0} ops per 10 ms before the shift; after it, lowest bucket {} ops; \
-             {zero} buckets with no operation at all; switches completed in buckets {:?} ({sw} \
-             switches in the whole run, {:.1} ms each on average, the longest {:.1} ms; {} writes \
-             waited for a phase-2 flush).",
+            "- **{mode}**: {:.0} ops per 10 ms before the shift; after it {} ops in all, {zero} \
+             buckets with no operation, the longest outage {} ms; switches completed in buckets \
+             {:?} ({sw} switches in the whole run, {:.1} ms each on average, the longest {:.1} ms; \
+             {} writes waited for a phase-2 flush).",
             before,
-            min_after,
+            after.iter().sum::<u64>(),
+            longest * 10,
             marks,
             c("nap_switch_us_total") as f64 / 1e3 / sw.max(1) as f64,
             c("nap_switch_us_max") as f64 / 1e3,
@@ -423,6 +479,13 @@ pub(crate) fn shift(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>
             ops.iter().enumerate().map(|(i, &o)| (i as f64 * 10.0, o as f64 / 10.0)).collect(),
         ));
     }
+    let after_sum = |i: usize| runs[i].1 .0[shift_at..].iter().sum::<u64>() as f64;
+    let _ = writeln!(
+        md,
+        "\nFrom the shift to the end, the three-phase switch completed {:.2}× the operations of \
+         the global-lock switch.",
+        after_sum(0) / after_sum(1).max(1.0)
+    );
     md.push_str(
         "\n| bucket | t (ms) | three-phase ops | global-lock ops |\n|---:|---:|---:|---:|\n",
     );
@@ -447,4 +510,21 @@ pub(crate) fn shift(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>
     let path = opts.out_dir.join("nap-shift.csv");
     write_file(&path, &csv)?;
     Ok((md, Report::default(), vec![svg, path]))
+}
+
+/// Installs a process-wide latency model and puts back the one before when dropped.
+struct LatencyGuard(numakv_pmem::LatencyModel);
+
+impl LatencyGuard {
+    fn install(model: numakv_pmem::LatencyModel) -> LatencyGuard {
+        let before = numakv_pmem::account::latency();
+        numakv_pmem::account::set_latency(model);
+        LatencyGuard(before)
+    }
+}
+
+impl Drop for LatencyGuard {
+    fn drop(&mut self) {
+        numakv_pmem::account::set_latency(self.0);
+    }
 }
