@@ -92,12 +92,16 @@ impl NbTree {
         loop {
             let leaf = self.find_leaf(key, g);
             if leaf.in_smo() {
-                // Cooperative SMO: help it, then retry from the root.
-                self.smo(leaf, g)?;
+                // Cooperative SMO: help it, then retry from the root. NBTree-W(R) instead waits
+                // for the leaf's lock, which the SMO's initiator holds throughout
+                // (`help_smo`).
+                self.help_smo(leaf, g)?;
                 continue;
             }
             let _w = self.variant.locks_writes().then(|| leaf.lock.write());
             if self.variant.locks_writes() && leaf.in_smo() {
+                // Under the lock: the SMO is over unless its initiator failed; finish it.
+                self.smo(leaf, g)?;
                 continue;
             }
             let blk = self.blk(leaf.data);
@@ -116,7 +120,9 @@ impl NbTree {
                     return Ok(false);
                 }
                 InsertOutcome::Smo => {
-                    drop(_w);
+                    // NBTree-W(R) keeps the leaf's lock through the whole SMO (`_w` drops at
+                    // the end of this iteration): node-grained write locks in place of the
+                    // cooperative SMO, so other writers of the leaf wait instead of helping.
                     self.smo(leaf, g)?;
                 }
             }
@@ -231,8 +237,9 @@ impl NbTree {
         loop {
             let _w = self.variant.locks_writes().then(|| leaf.lock.write());
             if self.variant.locks_writes() && leaf.in_smo() {
-                drop(_w);
+                // Under the lock: the SMO is over unless its initiator failed; finish it.
                 self.smo(leaf, g)?;
+                drop(_w);
                 leaf = self.find_leaf(key, g);
                 continue;
             }
@@ -324,8 +331,9 @@ impl NbTree {
         loop {
             let _w = self.variant.locks_writes().then(|| leaf.lock.write());
             if self.variant.locks_writes() && leaf.in_smo() {
-                drop(_w);
+                // Under the lock: the SMO is over unless its initiator failed; finish it.
                 self.smo(leaf, g)?;
+                drop(_w);
                 leaf = self.find_leaf(key, g);
                 continue;
             }

@@ -31,7 +31,7 @@ impl NbTree {
         while n < max {
             let leaf = self.find_leaf(from, g);
             if leaf.in_smo() && !leaf.copy_ptr().is_null() {
-                self.smo(leaf, g)?;
+                self.help_smo(leaf, g)?;
                 continue;
             }
             buf.clear();

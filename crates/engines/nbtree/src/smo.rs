@@ -113,6 +113,18 @@ impl NbTree {
         Ok(())
     }
 
+    /// An operation that found `leaf` in an SMO: NBTree helps it (cooperative SMO);
+    /// NBTree-W and NBTree-WR wait for the leaf's write lock, which the initiator holds
+    /// through its SMO, and then finish the SMO only if the initiator failed.
+    pub(crate) fn help_smo(&self, leaf: &LeafMeta, g: &Guard) -> Result<()> {
+        if self.variant.locks_writes() {
+            let _w = leaf.lock.write();
+            self.smo(leaf, g)
+        } else {
+            self.smo(leaf, g)
+        }
+    }
+
     /// The stress-test hook ([`crate::NbTreeOptions::smo_yield`]).
     #[inline]
     fn pause(&self) {
