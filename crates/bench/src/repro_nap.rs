@@ -344,8 +344,9 @@ fn shift_run(
     barrier.wait();
     // Let the first switch happen before the plotted window (five checks; a smoke run: two).
     std::thread::sleep(Duration::from_millis(if buckets < 100 { 400 } else { 1_000 }));
-    // Switch completions are watched by a thread of their own: `stats()` waits for a running
-    // switch to finish, which would stretch the bucket it was called in.
+    // Switch completions are watched by a thread of their own, so the bucket loop does nothing
+    // but read operation counters on time. (Before `stats()` stopped waiting for a running
+    // switch, calling it in the loop stretched the bucket a switch ran in.)
     let watching = Arc::new(AtomicBool::new(true));
     let t0 = Instant::now();
     let watcher = {

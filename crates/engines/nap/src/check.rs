@@ -18,6 +18,16 @@ use crate::layout::{DEL, ENGINE, OWNER_NAP, SLOT_CUR, SLOT_GC, SLOT_PRE, SLOT_UN
 use crate::nal::Nal;
 use crate::{Inner, Shared};
 
+/// Sizes of the installed NALs, as `stats()` reports them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NalFigures {
+    pub gv_bytes: u64,
+    pub pc_bytes: u64,
+    pub keys: u64,
+    /// PC-views per NAL (one per node).
+    pub views: usize,
+}
+
 fn bad(what: impl Into<String>) -> Error {
     Error::corrupted(ENGINE, what)
 }
@@ -99,27 +109,41 @@ impl<I: Inner> Shared<I> {
         })
     }
 
+    /// The installed NALs' sizes; the caller holds the switch lock (it keeps them alive).
+    pub(crate) fn nal_figures_locked(&self) -> NalFigures {
+        let (cur, pre) = self.grace.pointers();
+        let mut f = NalFigures::default();
+        // SAFETY: the caller holds the switch lock, which keeps the installed NALs alive.
+        for nal in unsafe { [cur.as_ref(), pre.as_ref()] }.into_iter().flatten() {
+            f.gv_bytes += nal.dram_bytes();
+            f.pc_bytes += nal.pm_bytes();
+            f.keys += nal.keys.len() as u64;
+            f.views = f.views.max(nal.views.len());
+        }
+        f
+    }
+
     pub(crate) fn stats(&self) -> EngineStats {
         let mut s = self.raw.stats();
-        let (cur, pre) = self.grace.pointers();
-        let mut gv = 0u64;
-        let mut pc = 0u64;
-        let mut keys = 0u64;
-        {
-            let _g = self.switch_lock.lock();
-            // SAFETY: the switch lock keeps the installed NALs alive.
-            for nal in unsafe { [cur.as_ref(), pre.as_ref()] }.into_iter().flatten() {
-                gv += nal.dram_bytes();
-                pc += nal.pm_bytes();
-                keys += nal.keys.len() as u64;
-                let per_node = nal.pm_bytes() / nal.views.len().max(1) as u64;
-                for (n, b) in s.pm_bytes_per_node.iter_mut().enumerate() {
-                    if n < nal.views.len() {
-                        *b += per_node;
-                    }
-                }
+        // A running switch holds the switch lock for as long as it lasts (a large hot set's
+        // flush: hundreds of ms); stats then report the NALs as the last switch left them
+        // rather than make a monitoring caller wait.
+        let nal = match self.switch_lock.try_lock() {
+            Some(_g) => {
+                let f = self.nal_figures_locked();
+                *self.nal_figures.lock() = f;
+                f
+            }
+            None => *self.nal_figures.lock(),
+        };
+        let (gv, keys) = (nal.gv_bytes, nal.keys);
+        let per_node = nal.pc_bytes / nal.views.max(1) as u64;
+        for (n, b) in s.pm_bytes_per_node.iter_mut().enumerate() {
+            if n < nal.views {
+                *b += per_node;
             }
         }
+        let pc = nal.pc_bytes;
         let c = &self.counters;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let rb = self.hot.dram_bytes();

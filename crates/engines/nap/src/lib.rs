@@ -251,6 +251,9 @@ pub(crate) struct Shared<I> {
     pub hot: Recorder,
     /// Serialises switches; holds the NAL sequence number.
     pub switch_lock: Mutex<u64>,
+    /// The NALs' sizes when last seen (end of a switch, or a `stats()` that got the switch
+    /// lock): what `stats()` reports while a switch runs.
+    pub nal_figures: Mutex<check::NalFigures>,
     pub stall: Mutex<Option<switch::Stall>>,
     pub stalled: AtomicBool,
     pub phase: AtomicU8,
@@ -295,6 +298,7 @@ impl<I: Inner> Nap<I> {
             grace: Grace::new(),
             hot: Recorder::new(opts.record_buffer, if opts.background { opts.sample } else { 0 }),
             switch_lock: Mutex::new(0),
+            nal_figures: Mutex::new(check::NalFigures::default()),
             stall: Mutex::new(None),
             stalled: AtomicBool::new(false),
             phase: AtomicU8::new(phase::IDLE),

@@ -109,15 +109,19 @@ impl<I: Inner> Shared<I> {
     pub(crate) fn switch_to(&self, keys: &[u64]) -> Result<SwitchReport> {
         let t0 = Instant::now();
         let mut seq = self.switch_lock.lock();
-        if self.switch_mode == SwitchMode::GlobalLock {
+        let r = if self.switch_mode == SwitchMode::GlobalLock {
             // The write side of the global lock for the whole switch: no operation runs, so
             // the grace periods inside return at once and no write ever waits on a NAL.
             self.grace.block();
             let r = self.switch_locked(&mut seq, keys, t0);
             self.grace.unblock();
-            return r;
-        }
-        self.switch_locked(&mut seq, keys, t0)
+            r
+        } else {
+            self.switch_locked(&mut seq, keys, t0)
+        };
+        // What `stats()` reports during the next switch.
+        *self.nal_figures.lock() = self.nal_figures_locked();
+        r
     }
 
     /// The switch proper; the caller holds the switch lock (`seq`).

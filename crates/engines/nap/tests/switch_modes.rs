@@ -93,3 +93,50 @@ fn global_lock_mode_passes_the_differential_and_shared_kit() {
     Kit::<N>::new(churning_global()).differential(PersistMode::Adr).unwrap();
     Kit::<N>::new(churning_global()).concurrent_shared().unwrap();
 }
+
+/// `stats()` does not wait for a running switch: it reports the NALs as the last switch left
+/// them (a monitoring caller once stood still for a whole switch).
+#[test]
+fn stats_do_not_wait_for_a_running_switch() {
+    let (entered, leave) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let armed = Arc::new(AtomicBool::new(false));
+    let hook = {
+        let (entered, leave, armed) =
+            (Arc::clone(&entered), Arc::clone(&leave), Arc::clone(&armed));
+        PhaseHook(Some(Arc::new(move |p| {
+            if p == phase::FLUSH && armed.load(Ordering::SeqCst) {
+                entered.store(true, Ordering::SeqCst);
+                while !leave.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        })))
+    };
+    let opts = NapOptions { phase_hook: hook, ..common::manual_options() };
+    let mut cfg = PoolConfig::new(N::engine_id(), 32 << 20);
+    cfg.nodes = 2;
+    let e = N::create(Pool::volatile(cfg).unwrap(), &opts).unwrap();
+    for k in 1..=1_000u64 {
+        e.insert(k, k).unwrap();
+    }
+    e.switch_to(&(1..=100).collect::<Vec<_>>()).unwrap();
+    let keys = |e: &N| e.stats().counters.iter().find(|c| c.0 == "nap_nal_keys").unwrap().1;
+    assert_eq!(keys(&e), 100);
+    armed.store(true, Ordering::SeqCst);
+    std::thread::scope(|s| {
+        let switching = s.spawn(|| e.switch_to(&(101..=300).collect::<Vec<_>>()).unwrap());
+        while !entered.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // The switch sits in its flush phase, holding the switch lock, until `leave`.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let e = &e;
+        s.spawn(move || tx.send(keys(e)).unwrap());
+        let during = rx.recv_timeout(Duration::from_secs(5));
+        leave.store(true, Ordering::SeqCst);
+        switching.join().unwrap();
+        assert_eq!(during, Ok(100), "stats during the switch: the NALs the last switch left");
+    });
+    assert_eq!(keys(&e), 200, "after the switch: the new NAL only");
+    e.check().unwrap();
+}
