@@ -413,3 +413,32 @@ fn smo_scope_attributes_lines_and_flushes_to_the_smo_share() {
     let s = one_op(|| w[1].store(2, Ordering::Release));
     assert_eq!((s.writes(), s.smo_writes), (1, 0));
 }
+
+#[test]
+#[cfg_attr(not(feature = "accounting"), ignore = "accounting compiled out")]
+fn repeated_accesses_to_one_line_take_the_fast_path_without_changing_counts() {
+    let _s = serial(true);
+    let (pool, [p0, _]) = pool(PersistMode::Adr);
+    let w: [&PmU64; 2] = std::array::from_fn(|i| pool.get(at(p0, 8 * i as u64)).unwrap());
+    // A line read inside a scope, then again outside it: the operation's own read.
+    let s = one_op(|| {
+        let scope = account::smo_scope();
+        w[0].load(Ordering::Acquire);
+        drop(scope);
+        w[1].load(Ordering::Acquire); // same line
+    });
+    assert_eq!((s.reads(), s.smo_reads), (1, 0), "{s:?}");
+    // Read, read again, then write the same line: one line read and one written.
+    let s = one_op(|| {
+        w[0].load(Ordering::Acquire);
+        w[1].load(Ordering::Acquire);
+        w[1].store(5, Ordering::Release);
+        w[0].store(6, Ordering::Release);
+    });
+    assert_eq!((s.reads(), s.writes()), (1, 1), "{s:?}");
+    // The next operation counts the line again, though it was the last one touched.
+    let s = one_op(|| {
+        w[0].load(Ordering::Acquire);
+    });
+    assert_eq!(s.reads(), 1, "{s:?}");
+}
