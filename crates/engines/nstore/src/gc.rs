@@ -80,6 +80,8 @@ pub(crate) fn collect(inner: &Inner, node: usize, idx: usize, per_node: usize) -
         if f.info.id as usize % per_node.max(1) != idx || !eligible(inner, &f) {
             continue;
         }
+        // Not while a `check()` runs (it holds the gate exclusively).
+        let _gate = inner.gc_gate.read();
         // ORDERING: AcqRel; exactly one pass wins the file.
         if f.claimed.swap(true, Ordering::AcqRel) {
             continue;

@@ -60,7 +60,7 @@ use numakv_index::{
 };
 use numakv_pmem::alloc::epoch;
 use numakv_pmem::{LatencyModel, Pool};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 pub use crate::cache::CacheMode;
 use crate::cache::{Cache, Probe};
@@ -189,6 +189,10 @@ pub(crate) struct Inner {
     pub stop: AtomicBool,
     pub wake: (Mutex<bool>, Condvar),
     pub counters: Counters,
+    /// Held shared by every GC reclaim (claim to retire) and exclusively by `check()`: the
+    /// check sees no file being reclaimed, so an index entry never names a file a reclaim
+    /// retired between the check's scan and its lookup.
+    pub gc_gate: RwLock<()>,
 }
 
 /// splitmix64's finaliser: the key hash that picks the cluster (high half), the key-lock
@@ -246,6 +250,7 @@ impl Inner {
             stop: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             counters: Counters::default(),
+            gc_gate: RwLock::new(()),
         }
     }
 
