@@ -163,7 +163,8 @@ unsafe fn read_line(src: *const u8) -> [u8; LINE] {
 
 impl Shadow {
     pub(crate) fn new(images: Vec<Mapping>, eadr: bool) -> Shadow {
-        let pending = (0..numakv_numa::MAX_THREADS).map(|_| Mutex::new(Vec::new())).collect();
+        // One list per dense thread id, plus one for threads without an id (see `slot`).
+        let pending = (0..=numakv_numa::MAX_THREADS).map(|_| Mutex::new(Vec::new())).collect();
         Shadow {
             images,
             pending,
@@ -181,12 +182,20 @@ impl Shadow {
         self.frozen.load(Ordering::Acquire)
     }
 
+    /// The calling thread's pending list. A thread whose dense id is gone — one running
+    /// deferred frees from crossbeam-epoch's handle destructor as it exits, after its id slot
+    /// was torn down — shares the extra last list (`tid()` would panic there, and a panic in a
+    /// thread-local destructor aborts the process).
+    fn slot() -> usize {
+        numakv_numa::try_tid().unwrap_or(numakv_numa::MAX_THREADS)
+    }
+
     /// Captures the lines of `[offset, offset+len)` of `node`'s working memory at `work_base`.
     pub(crate) fn capture(&self, node: usize, work_base: *const u8, offset: usize, len: usize) {
         if self.is_frozen() {
             return;
         }
-        let mut pending = self.pending[numakv_numa::tid()].lock();
+        let mut pending = self.pending[Self::slot()].lock();
         for line in crate::persist::lines(offset, len) {
             // SAFETY: the pool checked that the range lies inside node `node`'s mapping, whose
             // base is 4 KiB aligned, so `line` is a 64-byte aligned in-bounds line.
@@ -223,7 +232,7 @@ impl Shadow {
             drop(self.image_lock.lock());
             return false;
         }
-        let lines = std::mem::take(&mut *self.pending[numakv_numa::tid()].lock());
+        let lines = std::mem::take(&mut *self.pending[Self::slot()].lock());
         if !lines.is_empty() {
             let mut written = self.image_lock.lock();
             if !self.is_frozen() {

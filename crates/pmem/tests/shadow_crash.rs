@@ -425,3 +425,41 @@ fn persists_of_different_words_in_one_line_from_two_threads() {
         "B's flushed+fenced word was rolled back by A's later fence of an older copy of the line"
     );
 }
+
+/// A persist from a thread-local destructor that runs after the thread's dense id was torn
+/// down (crossbeam-epoch runs deferred frees from its handle's destructor as a thread exits)
+/// must not panic: a panic there aborts the whole process. Its lines still become durable.
+#[test]
+fn a_persist_from_a_late_thread_local_destructor_works() {
+    struct LatePersist(Option<(Arc<Pool>, PPtr)>);
+    impl Drop for LatePersist {
+        fn drop(&mut self) {
+            if let Some((pool, p)) = self.0.take() {
+                let w: &PmU64 = pool.get(p).unwrap();
+                w.store(77, Ordering::Release);
+                pool.persist_obj(w);
+            }
+        }
+    }
+    thread_local! {
+        static LATE: std::cell::RefCell<LatePersist> =
+            const { std::cell::RefCell::new(LatePersist(None)) };
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, pages) = setup(dir.path(), PersistMode::Adr);
+    let (p2, page) = (Arc::clone(&pool), pages[0]);
+    std::thread::spawn(move || {
+        // Registered first, so destroyed after the dense id (destructors run in reverse).
+        LATE.with(|l| l.borrow_mut().0 = Some((p2, page)));
+        assert!(numakv_pmem::numa::try_tid().is_ok());
+    })
+    .join()
+    .unwrap();
+    let w: &PmU64 = pool.get(pages[0]).unwrap();
+    assert_eq!(w.load(Ordering::Acquire), 77);
+    pool.crash(CrashOptions::STRICT).unwrap();
+    drop(pool);
+    let pool = open(dir.path());
+    let w: &PmU64 = pool.get(pages[0]).unwrap();
+    assert_eq!(w.load(Ordering::Acquire), 77, "the late persist reached the image");
+}
