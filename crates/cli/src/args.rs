@@ -286,6 +286,9 @@ pub struct ReproArgs {
     /// Where stores are created [default: /dev/shm if writable, else the temp directory].
     #[arg(long, value_name = "DIR")]
     pub scratch: Option<PathBuf>,
+    /// Worker threads of `nbtree-factors` [default: 2; the paper ran 56].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub threads: Option<u64>,
     /// No progress bars.
     #[arg(long, short)]
     pub quiet: bool,

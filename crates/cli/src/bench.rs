@@ -140,6 +140,7 @@ pub fn repro(
         seed: a.seed,
         quiet: a.quiet,
         scratch: a.scratch.clone(),
+        threads: a.threads.map(|t| t as usize),
     };
     let started = Instant::now();
     let output = repro::run(&name, &targets, &opts, Progress::Auto)?;
