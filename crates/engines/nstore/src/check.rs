@@ -5,10 +5,12 @@
 //!   written slots;
 //! - every file's header is valid and names its node; every file is in the table of its node;
 //! - garbage accounting: each file's garbage count plus its live entries (words, for a
-//!   variable-length file) is exactly what was reserved in it (when no GC reclaim overlaps);
+//!   variable-length file) is exactly what was reserved in it;
 //! - the PM the engine owns (page-heap extents with `OWNER_ENGINE`) is exactly the node meta
-//!   pages plus the files of the table: no leak, nothing reachable that is not allocated. (During
-//!   a run a reclaimed file may still await its epoch grace period.)
+//!   pages plus the files of the table: no leak, nothing reachable that is not allocated.
+//!
+//! GC reclaims are held off for the whole check (`Inner::gc_gate`), and the deferred frees of
+//! files retired before it are let run first.
 
 use std::sync::atomic::Ordering;
 
@@ -36,9 +38,6 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
             .count() as u64
     });
     let _guard = epoch::pin();
-    // ORDERING: Acquire; pairs with the AcqRel updates around a reclaim (see `accounting`).
-    let busy_before = inner.counters.gc_busy.load(Ordering::Acquire);
-    let reclaimed_before = inner.counters.gc_files.load(Ordering::Acquire);
     let mut pairs = Vec::new();
     inner.index.scan(1, usize::MAX, &mut pairs);
     for &(key, va) in &pairs {
@@ -93,11 +92,7 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
             return Err(layout::corrupted(format!("file {}: header changed", f.info.id)));
         }
     }
-    let busy_after = inner.counters.gc_busy.load(Ordering::Acquire);
-    let reclaimed_after = inner.counters.gc_files.load(Ordering::Acquire);
-    if busy_before == 0 && busy_after == 0 && reclaimed_before == reclaimed_after {
-        accounting(&files, &pairs, &bytes_pairs)?;
-    }
+    accounting(&files, &pairs, &bytes_pairs)?;
     let mut allocated = 0u64;
     let mut metas = 0u64;
     for node in 0..pool.nodes() {
@@ -130,8 +125,8 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
 }
 
 /// Garbage accounting: every file's `dead` is exactly its reserved slots (words) minus those
-/// of the entries the indexes name. Checked only when no GC reclaim overlapped the check (a
-/// rewrite in flight has reserved its copy before the index names it).
+/// of the entries the indexes name. No GC reclaim runs meanwhile (`check` holds the gate), so
+/// no rewrite is in flight with its copy reserved before the index names it.
 fn accounting(
     files: &[std::sync::Arc<crate::nlog::LogFile>],
     pairs: &[(u64, crate::layout::VAddr)],
