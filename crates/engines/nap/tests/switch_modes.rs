@@ -18,6 +18,18 @@ use numakv_pmem::{numa, Pool, PoolConfig};
 
 type N = Nap<FastFair>;
 
+/// A 2-node volatile Nap<FastFair> holding keys 1..=1000, with NAL 1..=100 installed.
+fn loaded(opts: &NapOptions<numakv_fastfair::FastFairOptions>) -> N {
+    let mut cfg = PoolConfig::new(N::engine_id(), 32 << 20);
+    cfg.nodes = 2;
+    let e = N::create(Pool::volatile(cfg).unwrap(), opts).unwrap();
+    for k in 1..=1_000u64 {
+        e.insert(k, k).unwrap();
+    }
+    e.switch_to(&(1..=100).collect::<Vec<_>>()).unwrap();
+    e
+}
+
 /// Operations completed by a reader thread while the switch sat 60 ms in its flush phase.
 fn ops_during_flush(mode: SwitchMode) -> u64 {
     let done = Arc::new(AtomicU64::new(0));
@@ -36,13 +48,7 @@ fn ops_during_flush(mode: SwitchMode) -> u64 {
         })))
     };
     let opts = NapOptions { switch_mode: mode, phase_hook: hook, ..common::manual_options() };
-    let mut cfg = PoolConfig::new(N::engine_id(), 32 << 20);
-    cfg.nodes = 2;
-    let e = N::create(Pool::volatile(cfg).unwrap(), &opts).unwrap();
-    for k in 1..=1_000u64 {
-        e.insert(k, k).unwrap();
-    }
-    e.switch_to(&(1..=100).collect::<Vec<_>>()).unwrap();
+    let e = loaded(&opts);
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let (e, stop, done) = (&e, &stop, &done);
@@ -113,13 +119,7 @@ fn stats_do_not_wait_for_a_running_switch() {
         })))
     };
     let opts = NapOptions { phase_hook: hook, ..common::manual_options() };
-    let mut cfg = PoolConfig::new(N::engine_id(), 32 << 20);
-    cfg.nodes = 2;
-    let e = N::create(Pool::volatile(cfg).unwrap(), &opts).unwrap();
-    for k in 1..=1_000u64 {
-        e.insert(k, k).unwrap();
-    }
-    e.switch_to(&(1..=100).collect::<Vec<_>>()).unwrap();
+    let e = loaded(&opts);
     let keys = |e: &N| e.stats().counters.iter().find(|c| c.0 == "nap_nal_keys").unwrap().1;
     assert_eq!(keys(&e), 100);
     armed.store(true, Ordering::SeqCst);
