@@ -35,6 +35,7 @@
 //! touched outside its SMOs.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -246,21 +247,34 @@ impl Drop for RegionGuard {
 
 /// The node whose pool contains `addr`, or `None` for memory outside every pool.
 fn node_of(addr: usize, cache: &mut RegionCache) -> Option<usize> {
+    // ORDERING: Acquire; pairs with the Release bumps in `register_region` / `RegionGuard::drop`
+    // (the copy below is taken under the mutex anyway).
     let gen = REGION_GEN.load(Ordering::Acquire);
-    if cache.gen == gen && cache.region.start <= addr && addr < cache.region.end {
-        return Some(cache.region.node);
+    if cache.gen != gen {
+        // Every region, not just the last one found: an operation alternating between two
+        // nodes' files (a replica on each node, a pool per node) must not take the global
+        // mutex on every other line — that made accounting threads queue on it.
+        cache.regions.clear();
+        cache.regions.extend(REGIONS.lock().iter().map(|(_, r)| *r));
+        cache.gen = gen;
+        cache.last = 0;
     }
-    let regions = REGIONS.lock();
-    let found = regions.iter().map(|(_, r)| *r).find(|r| r.start <= addr && addr < r.end)?;
-    cache.gen = gen;
-    cache.region = found;
-    Some(found.node)
+    if let Some(r) = cache.regions.get(cache.last) {
+        if r.start <= addr && addr < r.end {
+            return Some(r.node);
+        }
+    }
+    let i = cache.regions.iter().position(|r| r.start <= addr && addr < r.end)?;
+    cache.last = i;
+    Some(cache.regions[i].node)
 }
 
-#[derive(Debug)]
+/// A thread's copy of [`REGIONS`] as of generation `gen`, with the index of the region found last.
+#[derive(Debug, Default)]
 struct RegionCache {
     gen: usize,
-    region: Region,
+    regions: Vec<Region>,
+    last: usize,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -393,12 +407,20 @@ const SMO_SHIFT: u8 = 2;
 /// `TOUCH_* << OWN_SHIFT`: the same access, outside every [`smo_scope`].
 const OWN_SHIFT: u8 = 4;
 /// An operation touching more distinct lines than this is closed early (its lines counted, no op
-/// counted), bounding the linear de-duplication below.
+/// counted), bounding the memory of the de-duplication below.
 const MAX_LINES_PER_OP: usize = 4096;
+/// Up to this many distinct lines an operation's lines are searched linearly (an index
+/// operation touches a handful); beyond it a hash index keeps each access O(1), so a thread
+/// that touches thousands of lines in one go (a background migration, rebuild or GC pass) does
+/// not pay a quadratic search, which made such threads spend most of their time in accounting.
+const LINEAR_SEARCH_LINES: usize = 32;
 
 struct ThreadAcct {
     /// Lines touched by the current operation: (line address, node or usize::MAX, TOUCH_* bits).
     touched: Vec<(usize, usize, u8)>,
+    /// Line address → index in `touched`, kept only while `touched` holds more than
+    /// [`LINEAR_SEARCH_LINES`] lines (empty otherwise).
+    by_line: HashMap<usize, usize>,
     /// Index in `touched` of the line touched last (may be stale: checked before use).
     last: usize,
     flushes: u64,
@@ -414,11 +436,12 @@ impl ThreadAcct {
         ALL_THREADS.lock().push(Arc::clone(&shared));
         ThreadAcct {
             touched: Vec::with_capacity(64),
+            by_line: HashMap::new(),
             last: 0,
             flushes: 0,
             fences: 0,
             smo_flushes: 0,
-            cache: RegionCache { gen: 0, region: Region { start: 0, end: 0, node: 0 } },
+            cache: RegionCache::default(),
             shared,
         }
     }
@@ -432,7 +455,10 @@ impl ThreadAcct {
             // cost of accounting is what the benchmark's throughput pays for it.
             let found = match self.touched.get(self.last) {
                 Some(e) if e.0 == line => Some(self.last),
-                _ => self.touched.iter().rposition(|e| e.0 == line),
+                _ if self.touched.len() <= LINEAR_SEARCH_LINES => {
+                    self.touched.iter().rposition(|e| e.0 == line)
+                }
+                _ => self.by_line.get(&line).copied(),
             };
             let (fresh, node) = match found {
                 Some(i) => {
@@ -448,6 +474,7 @@ impl ThreadAcct {
                     };
                     self.last = self.touched.len();
                     self.touched.push((line, node, kind | smo));
+                    self.index_new_line();
                     (true, node)
                 }
             };
@@ -463,6 +490,27 @@ impl ThreadAcct {
         if self.touched.len() > MAX_LINES_PER_OP {
             self.close(false);
         }
+    }
+
+    /// Keeps `by_line` in step after a push to `touched`: built from every line when the
+    /// operation outgrows the linear search, extended by one line after that.
+    fn index_new_line(&mut self) {
+        let n = self.touched.len();
+        if n == LINEAR_SEARCH_LINES + 1 {
+            self.by_line.extend(self.touched.iter().enumerate().map(|(i, e)| (e.0, i)));
+        } else if n > LINEAR_SEARCH_LINES + 1 {
+            self.by_line.insert(self.touched[n - 1].0, n - 1);
+        }
+    }
+
+    /// Forgets the current operation's lines.
+    fn clear_lines(&mut self) {
+        self.touched.clear();
+        if !self.by_line.is_empty() {
+            // (clear() rewrites the whole table even when empty: skip it for small operations.)
+            self.by_line.clear();
+        }
+        reset_last_lines();
     }
 
     fn close(&mut self, count_op: bool) {
@@ -491,8 +539,7 @@ impl ThreadAcct {
         s.flushes = std::mem::take(&mut self.flushes);
         s.smo_flushes = std::mem::take(&mut self.smo_flushes);
         s.fences = std::mem::take(&mut self.fences);
-        self.touched.clear();
-        reset_last_lines();
+        self.clear_lines();
         self.shared.add(&s);
     }
 }
@@ -662,8 +709,7 @@ pub fn op_split() {
 pub fn op_discard() {
     let _ = ACCT.try_with(|a| {
         if let Ok(mut a) = a.try_borrow_mut() {
-            a.touched.clear();
-            reset_last_lines();
+            a.clear_lines();
             a.flushes = 0;
             a.fences = 0;
             a.smo_flushes = 0;

@@ -442,3 +442,35 @@ fn repeated_accesses_to_one_line_take_the_fast_path_without_changing_counts() {
     });
     assert_eq!(s.reads(), 1, "{s:?}");
 }
+
+#[test]
+#[cfg_attr(not(feature = "accounting"), ignore = "accounting compiled out")]
+fn large_operations_still_count_each_line_once() {
+    // Past a few dozen lines the de-duplication switches from a linear search to a hash index:
+    // repeats, reads after writes and both nodes must count exactly as in a small operation.
+    let _s = serial(true);
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    let word = |p: PPtr, i: u64| -> &PmU64 { pool.get(at(p, i * LINE as u64)).unwrap() };
+    let n = 300u64;
+    let s = one_op(|| {
+        for round in 0..3 {
+            for i in 0..n {
+                // Out of order (a stride coprime to n), so the last-line shortcut rarely hits.
+                let j = (i * 7) % n;
+                word(p0, j).load(Ordering::Acquire);
+                word(p1, j).load(Ordering::Acquire);
+                if round == 1 && j % 2 == 0 {
+                    word(p0, j).store(j, Ordering::Release);
+                }
+            }
+        }
+    });
+    assert_eq!(s, stats(1, n, n, n / 2, 0));
+    // The index is per operation: the next one counts the lines afresh.
+    let s = one_op(|| {
+        for i in 0..n {
+            word(p1, i).load(Ordering::Acquire);
+        }
+    });
+    assert_eq!(s, stats(1, 0, n, 0, 0));
+}
