@@ -614,6 +614,9 @@ fn recovery(
 /// `nbtree-factors`' default worker threads (`--threads` sets others).
 const FACTOR_THREADS: usize = 2;
 
+/// Paired NBTree / NBTree-W rounds of `nbtree-factors` (odd: the median is one of them).
+const FACTOR_ROUNDS: usize = 7;
+
 /// The targets of `nbtree-factors`, in report order.
 const FACTOR_TARGETS: [&str; 5] = ["nbtree", "nbtree-w", "nbtree-wr", "nbtree-coupled", "fastfair"];
 
@@ -651,7 +654,30 @@ fn nbtree_factors(
     let upsert = Workload { name: "factors-upsert".into(), ..upsert };
     let insert =
         Workload::new("factors-insert", Mix::only(OpKind::Insert)).with_dist(Dist::Uniform);
-    let report = run_workloads(&config, &[upsert, insert], &chosen, progress)?;
+    let mut report = run_workloads(&config, &[upsert.clone(), insert], &chosen, progress)?;
+    // The lock-free factor at a few threads is a few percent, the size of the drift between
+    // two runs on a shared machine: measure it again in paired rounds, alternating which of
+    // the pair runs first, and quote the median of the per-round ratios.
+    let pair: Vec<Arc<dyn Target>> = ["nbtree", "nbtree-w"]
+        .iter()
+        .filter_map(|n| chosen.iter().find(|t| t.name() == *n).cloned())
+        .collect();
+    let mut paired = Vec::new();
+    if pair.len() == 2 {
+        let rounds_config = BenchConfig { ops: Some((ops / 2).max(1_000)), ..config.clone() };
+        for round in 0..FACTOR_ROUNDS {
+            let order: Vec<_> =
+                if round % 2 == 0 { pair.clone() } else { pair.iter().rev().cloned().collect() };
+            let r = run_workloads(&rounds_config, std::slice::from_ref(&upsert), &order, progress)?;
+            let mops = |n: &str| r.runs.iter().find(|x| x.engine == n).map(|x| x.throughput_mops);
+            if let (Some(a), Some(b)) = (mops("nbtree"), mops("nbtree-w")) {
+                if b > 0.0 {
+                    paired.push(a / b);
+                }
+            }
+            report.failures.extend(r.failures);
+        }
+    }
 
     let mut md = String::new();
     header(
@@ -721,6 +747,23 @@ fn nbtree_factors(
                 );
             }
         }
+    }
+    if !paired.is_empty() {
+        let mut sorted = paired.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        let _ = writeln!(
+            md,
+            "\n## NBTree vs NBTree-W in paired rounds\n\n\
+             `factors-upsert`, {} rounds of {} operations each, alternating which runs first; \
+             per-round throughput ratio nbtree / nbtree-w: {}; median **{median:.2}×** (min \
+             {:.2}×, max {:.2}×).",
+            paired.len(),
+            (ops / 2).max(1_000),
+            paired.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+            sorted[0],
+            sorted[sorted.len() - 1],
+        );
     }
     failures_md(&report, &mut md);
     Ok((md, report, Vec::new()))
