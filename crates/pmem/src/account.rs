@@ -37,6 +37,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -415,12 +416,34 @@ const MAX_LINES_PER_OP: usize = 4096;
 /// not pay a quadratic search, which made such threads spend most of their time in accounting.
 const LINEAR_SEARCH_LINES: usize = 32;
 
+/// Hash of a line address for `ThreadAcct::by_line`: the line number times a 64-bit odd constant
+/// (Fibonacci hashing), the high half folded onto the low half, which the table indexes by. The
+/// default SipHash was a visible share of an SMO's accounting cost, and the keys are our own
+/// addresses, not chosen by an adversary.
+#[derive(Default)]
+struct LineHasher(u64);
+
+impl Hasher for LineHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, line: usize) {
+        let h = ((line / LINE) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 struct ThreadAcct {
     /// Lines touched by the current operation: (line address, node or usize::MAX, TOUCH_* bits).
     touched: Vec<(usize, usize, u8)>,
     /// Line address → index in `touched`, kept only while `touched` holds more than
     /// [`LINEAR_SEARCH_LINES`] lines (empty otherwise).
-    by_line: HashMap<usize, usize>,
+    by_line: HashMap<usize, usize, BuildHasherDefault<LineHasher>>,
     /// Index in `touched` of the line touched last (may be stale: checked before use).
     last: usize,
     flushes: u64,
@@ -436,7 +459,7 @@ impl ThreadAcct {
         ALL_THREADS.lock().push(Arc::clone(&shared));
         ThreadAcct {
             touched: Vec::with_capacity(64),
-            by_line: HashMap::new(),
+            by_line: HashMap::default(),
             last: 0,
             flushes: 0,
             fences: 0,
