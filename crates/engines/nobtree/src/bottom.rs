@@ -14,8 +14,8 @@ use numakv_pmem::alloc::epoch::Guard;
 use numakv_pmem::{PPtr, Pool};
 
 use crate::layout::{
-    meta_word, sl_build, sl_count, sl_free, sl_pos, sl_positions, st_counter, st_sib_ver, st_with,
-    Node, END, NODE_SIZE, RECORDS,
+    meta_word, sl_build, sl_count, sl_free, sl_index_of, sl_insert, sl_pos, sl_remove, st_counter,
+    st_sib_ver, st_with, Node, END, NODE_SIZE, RECORDS,
 };
 use crate::lock::{ReadSnapshot, WriteGuard};
 use crate::{Tree, WriteKind};
@@ -273,17 +273,21 @@ impl Tree {
         let Some(p) = find(&n, w, key) else {
             return Ok(false);
         };
-        let pos: Vec<usize> = sl_positions(w).into_iter().filter(|&q| q != p).collect();
+        let Some(i) = sl_index_of(w, p) else {
+            return Ok(false); // cannot happen: `find` returned a listed slot
+        };
+        let nw = sl_remove(w, i);
         // ORDERING: Release; the new logical order is published at once (version-validated).
-        n.hdr.slots.store(sl_build(&pos), Ordering::Release);
+        n.hdr.slots.store(nw, Ordering::Release);
         let s = g.state();
-        g.set_state(st_with(s, pos.len() as u64, st_sib_ver(s)));
+        let left = sl_count(nw);
+        g.set_state(st_with(s, left as u64, st_sib_ver(s)));
         // PERSIST: the shorter slot word is durable before the call returns; the record's bytes
         // stay as garbage in a now-free slot.
         self.pool.persist(n.hdr_addr(), 64);
         let leaf = n.ptr;
         drop(g);
-        if pos.len() <= crate::smo::MERGE_TRIGGER {
+        if left <= crate::smo::MERGE_TRIGGER {
             // The delete is durable; a merge that fails (out of space cannot happen: it
             // allocates nothing) or aborts leaves a valid tree.
             let _ = self.try_merge(leaf, &guard);
@@ -348,13 +352,21 @@ pub(crate) fn insert_record(pool: &Pool, g: &WriteGuard<'_>, key: u64, val: u64)
     n.recs[p].val.store(val, Ordering::Relaxed);
     // PERSIST: the record is durable in its (unlisted) slot before the slot word lists it.
     pool.persist(n.rec_addr(p), 16);
-    let mut pos = sl_positions(w);
-    let at = pos.partition_point(|&q| n.key(q) < key);
-    pos.insert(at, p);
+    // The logical index of the first record with a larger key (binary search).
+    let (mut lo, mut hi) = (0, sl_count(w).min(RECORDS));
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if n.key(sl_pos(w, mid)) < key {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    let nw = sl_insert(w, lo, p);
     // ORDERING: Release; a reader that sees the new slot word sees the record.
-    n.hdr.slots.store(sl_build(&pos), Ordering::Release);
+    n.hdr.slots.store(nw, Ordering::Release);
     let s = g.state();
-    g.set_state(st_with(s, pos.len() as u64, st_sib_ver(s)));
+    g.set_state(st_with(s, sl_count(nw) as u64, st_sib_ver(s)));
     // PERSIST: the slot word (the commit point) is durable before the call returns.
     pool.persist(n.hdr_addr(), 64);
 }
