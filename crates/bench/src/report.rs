@@ -88,6 +88,11 @@ pub struct RunResult {
     pub recover_ms: Option<f64>,
     /// The seed of the run.
     pub seed: u64,
+    /// Operations of the run's accounting phase, over which the PM figures (`pm_*`, `remote_*`,
+    /// `flushes_per_op`, ...) were counted; 0 when the timed operations were counted themselves
+    /// (latency emulation on) or nothing was counted (`runner::ACCOUNTED_SHARE`).
+    #[serde(default)]
+    pub accounted_ops: u64,
     /// The engine's own counters after the run (splits, merges, switches, GC runs, ...), from
     /// `Index::stats`; JSON only (the CSV has fixed columns).
     #[serde(default)]
@@ -153,6 +158,7 @@ pub const COLUMNS: &[&str] = &[
     "reopen_ms",
     "recover_ms",
     "seed",
+    "accounted_ops",
 ];
 
 fn csv_field(s: &str) -> String {
@@ -204,6 +210,7 @@ impl RunResult {
             opt(self.reopen_ms),
             opt(self.recover_ms),
             self.seed.to_string(),
+            self.accounted_ops.to_string(),
         ]
     }
 }

@@ -7,7 +7,7 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -438,15 +438,39 @@ pub fn write_outputs(report: &Report, config: &BenchConfig) -> Result<Vec<PathBu
 /// How long each phase lasts.
 #[derive(Clone, Copy, Debug)]
 enum Plan {
-    /// Operation counts per worker: warm-up, measured.
-    Ops { warm: u64, measured: u64 },
-    /// Durations.
-    Time { warm: Duration, measured: Duration },
+    /// Operation counts per worker: warm-up, measured (timed), accounted (PM lines counted).
+    Ops { warm: u64, measured: u64, accounted: u64 },
+    /// Durations of the same phases.
+    Time { warm: Duration, measured: Duration, accounted: Duration },
 }
+
+impl Plan {
+    /// Whether the run has a separate accounting phase after the timed one.
+    fn split(&self) -> bool {
+        match *self {
+            Plan::Ops { accounted, .. } => accounted > 0,
+            Plan::Time { accounted, .. } => !accounted.is_zero(),
+        }
+    }
+}
+
+/// The accounting phase of a run, as a share of its timed phase (operations or seconds).
+///
+/// Counting PM lines costs what it counts: every access to a new line takes the accounting's slow
+/// path, so with accounting on a line-heavy engine runs far slower than a line-light one
+/// (FAST&FAIR 1.7× slower, NBTree 1.08×, on the default write-heavy workload), and throughput
+/// ratios measured that way are skewed. So a run times its operations with accounting off, then
+/// counts PM lines over a further `ACCOUNTED_SHARE` of operations with accounting on, untimed.
+/// With latency emulation on there is one phase, accounted and timed: the emulation charges the
+/// first touch of each line, which is the same bookkeeping.
+pub const ACCOUNTED_SHARE: f64 = 0.25;
 
 /// What one worker measured.
 struct WorkerOut {
+    /// Operations of the timed phase.
     ops: u64,
+    /// Operations of the accounting phase (0 when the timed phase was accounted itself).
+    accounted_ops: u64,
     misses: u64,
     stats: AccessStats,
     hist: Histogram<u64>,
@@ -461,6 +485,14 @@ struct Shared {
     space: crate::workload::KeySpace,
     /// Set by the main thread when a timed phase ends, or by a worker that failed.
     stop: AtomicBool,
+    /// Set by a worker that failed: the others skip the accounting phase.
+    failed: AtomicBool,
+    /// Workers done with the timed phase (the main thread switches accounting on when all are).
+    arrived: AtomicUsize,
+    /// Set by the main thread once accounting is on: the accounting phase may start.
+    counting: AtomicBool,
+    /// Set by the main thread when a timed accounting phase ends.
+    stop_counting: AtomicBool,
     /// Set by the main thread when a time-based hotspot shift happens.
     shifted: AtomicBool,
     /// Operations done, for the progress bar (updated every [`PROGRESS_BATCH`] operations).
@@ -537,8 +569,10 @@ fn worker(a: WorkerArgs<'_>) -> WorkerOut {
     let mut buf = Vec::with_capacity(128);
     let fail = |e: String, error: &mut Option<String>| {
         *error = Some(e);
-        // ORDERING: Relaxed; a stop request carries no data.
+        // ORDERING: Relaxed; stop requests carry no data.
+        shared.failed.store(true, Ordering::Relaxed);
         shared.stop.store(true, Ordering::Relaxed);
+        shared.stop_counting.store(true, Ordering::Relaxed);
     };
 
     // Warm-up (also run when registration failed? no: skip straight to the barrier).
@@ -613,9 +647,46 @@ fn worker(a: WorkerArgs<'_>) -> WorkerOut {
     }
     let end = Instant::now();
     shared.done.fetch_add(ops % PROGRESS_BATCH, Ordering::Relaxed);
-    let stats = account::thread_stats().since(&before);
+    let mut stats = account::thread_stats().since(&before);
+    let mut accounted_ops = 0u64;
+    if a.plan.split() {
+        // ORDERING: Release; pairs with the main thread's Acquire count before it switches
+        // accounting on (this worker's timed operations are over).
+        shared.arrived.fetch_add(1, Ordering::Release);
+        // ORDERING: Acquire; pairs with the Release store after `account::set_enabled(true)`.
+        while !shared.counting.load(Ordering::Acquire) && !shared.failed.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        if error.is_none() && !shared.failed.load(Ordering::Relaxed) {
+            account::op_discard();
+            let before = account::thread_stats();
+            let counted =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), String> {
+                    loop {
+                        let more = match a.plan {
+                            Plan::Ops { accounted, .. } => accounted_ops < accounted,
+                            Plan::Time { .. } => !shared.stop_counting.load(Ordering::Relaxed),
+                        };
+                        if !more {
+                            return Ok(());
+                        }
+                        let op =
+                            stream.next_op(&shared.space, shared.shifted.load(Ordering::Relaxed));
+                        execute(index, &op, &mut buf)
+                            .map_err(|e| format!("{} {:#x}: {e}", op.kind, op.key))?;
+                        accounted_ops += 1;
+                    }
+                }));
+            match counted {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => fail(e, &mut error),
+                Err(_) => fail("worker panicked".into(), &mut error),
+            }
+            stats = account::thread_stats().since(&before);
+        }
+    }
     drop(registration);
-    WorkerOut { ops, misses, stats, hist, start, end, error }
+    WorkerOut { ops, accounted_ops, misses, stats, hist, start, end, error }
 }
 
 /// Loads `keys` keys (indices `0..keys`) with `loaders` threads placed by `registry`.
@@ -674,32 +745,43 @@ fn run_one(
     ui: &Ui,
 ) -> Result<RunResult> {
     let keys = config.keys.unwrap_or(workload.default_keys);
+    // A separate accounting phase (see ACCOUNTED_SHARE) unless nothing is counted or latency
+    // emulation makes the timed phase do the bookkeeping anyway
+    // (DRAM peers touch no PM: nothing to count, so no phase for it.)
+    let split = config.accounting && config.latency.is_none() && target.persistent();
+    let accounted_total =
+        |ops: u64| if split { (ops as f64 * ACCOUNTED_SHARE).ceil() as u64 } else { 0 };
     let total_ops = match config.ops {
         Some(n) => n,
-        // Warm-up and measured operations must not outnumber the keys they use up.
+        // Warm-up, measured and accounted operations must not outnumber the keys they use up.
         None if workload.consumes_keys => {
-            // (Less one per worker: each rounds its warm-up share up.)
-            let room = (keys as f64 / (1.0 + config.warmup)) as u64;
-            let room = room.saturating_sub(threads as u64);
+            // (Less one per worker: each rounds its warm-up and accounted shares up.)
+            let extra = if split { ACCOUNTED_SHARE } else { 0.0 };
+            let room = (keys as f64 / (1.0 + config.warmup + extra)) as u64;
+            let room = room.saturating_sub(2 * threads as u64);
             workload.default_ops.min(room)
         }
         None => workload.default_ops,
     };
     let plan_for = |share: u64| share.div_ceil(threads as u64);
+    let share = if split { ACCOUNTED_SHARE } else { 0.0 };
     let plan = match config.duration.filter(|_| !workload.consumes_keys) {
         Some(d) => Plan::Time {
             warm: Duration::from_secs_f64(d * config.warmup),
             measured: Duration::from_secs_f64(d),
+            accounted: Duration::from_secs_f64(d * share),
         },
         None => Plan::Ops {
             warm: plan_for((total_ops as f64 * config.warmup) as u64),
-            measured: 0, // per worker, set below
+            measured: 0,  // per worker, set below
+            accounted: 0, // likewise
         },
     };
     let preloaded = if workload.preload { keys } else { 0 };
     let max_keys = match plan {
         Plan::Ops { warm, .. } => {
-            let all = (warm * threads as u64 + total_ops) as f64;
+            let accounted = plan_for(accounted_total(total_ops)) * threads as u64;
+            let all = (warm * threads as u64 + total_ops + accounted) as f64;
             preloaded + (all * workload.mix.share(OpKind::Insert)).ceil() as u64 + 1
         }
         Plan::Time { .. } => preloaded.max(1) * 4 + 1_000_000,
@@ -757,6 +839,10 @@ fn run_one(
         index,
         space: crate::workload::KeySpace::new(preloaded),
         stop: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
+        arrived: AtomicUsize::new(0),
+        counting: AtomicBool::new(false),
+        stop_counting: AtomicBool::new(false),
         shifted: AtomicBool::new(false),
         done: AtomicU64::new(0),
         barrier: Barrier::new(threads + 1),
@@ -774,15 +860,19 @@ fn run_one(
         Plan::Time { .. } => ui.bar(None, label.clone()),
     };
     account::set_latency(config.latency);
-    account::set_enabled(config.accounting);
+    // Split runs switch accounting on for their accounting phase only (below).
+    account::set_enabled(config.accounting && !split);
+    let accounted = accounted_total(total_ops);
     let outs: Vec<WorkerOut> = std::thread::scope(|s| -> Result<Vec<WorkerOut>> {
         let handles: Vec<_> = (0..threads)
             .map(|w| {
+                let share_of =
+                    |n: u64| n / threads as u64 + u64::from((w as u64) < n % threads as u64);
                 let measured = match plan {
                     Plan::Ops { warm, .. } => Plan::Ops {
                         warm,
-                        measured: total_ops / threads as u64
-                            + u64::from((w as u64) < total_ops % threads as u64),
+                        measured: share_of(total_ops),
+                        accounted: share_of(accounted),
                     },
                     p @ Plan::Time { .. } => p,
                 };
@@ -802,11 +892,28 @@ fn run_one(
             .collect();
         shared.barrier.wait();
         let t0 = Instant::now();
+        let mut counting_since: Option<Instant> = None;
         while !handles.iter().all(|h| h.is_finished()) {
             let elapsed = t0.elapsed();
             if let Plan::Time { measured, .. } = plan {
                 if elapsed >= measured {
                     shared.stop.store(true, Ordering::Relaxed);
+                }
+            }
+            // ORDERING: Acquire; pairs with the workers' Release increments: every timed
+            // operation is over before accounting goes on.
+            if split
+                && counting_since.is_none()
+                && shared.arrived.load(Ordering::Acquire) == threads
+            {
+                account::set_enabled(true);
+                counting_since = Some(Instant::now());
+                // ORDERING: Release; pairs with the workers' Acquire wait.
+                shared.counting.store(true, Ordering::Release);
+            }
+            if let (Plan::Time { accounted, .. }, Some(since)) = (plan, counting_since) {
+                if since.elapsed() >= accounted {
+                    shared.stop_counting.store(true, Ordering::Relaxed);
                 }
             }
             if time_shift.is_some_and(|t| elapsed >= t) {
@@ -849,6 +956,7 @@ fn run_one(
     drop(dir);
 
     let ops: u64 = outs.iter().map(|o| o.ops).sum();
+    let accounted_ops: u64 = outs.iter().map(|o| o.accounted_ops).sum();
     let misses: u64 = outs.iter().map(|o| o.misses).sum();
     let start = outs.iter().map(|o| o.start).min();
     let end = outs.iter().map(|o| o.end).max();
@@ -863,6 +971,9 @@ fn run_one(
         acc.add(&o.stats);
     }
     let per_op = |x: u64| if ops == 0 { 0.0 } else { x as f64 / ops as f64 };
+    // PM figures are per operation of the phase that counted them.
+    let counted_ops = if split { accounted_ops } else { ops };
+    let per_counted = |x: u64| if counted_ops == 0 { 0.0 } else { x as f64 / counted_ops as f64 };
     let (p50, p99, p999, max) = if hist.is_empty() {
         (0, 0, 0, 0)
     } else {
@@ -890,21 +1001,22 @@ fn run_one(
         p99_ns: p99,
         p999_ns: p999,
         max_ns: max,
-        pm_reads_per_op: per_op(acc.reads()),
-        pm_writes_per_op: per_op(acc.writes()),
-        remote_reads_per_op: per_op(acc.reads_remote),
-        remote_writes_per_op: per_op(acc.writes_remote),
+        pm_reads_per_op: per_counted(acc.reads()),
+        pm_writes_per_op: per_counted(acc.writes()),
+        remote_reads_per_op: per_counted(acc.reads_remote),
+        remote_writes_per_op: per_counted(acc.writes_remote),
         remote_share: acc.remote_share(),
-        flushes_per_op: per_op(acc.flushes),
-        fences_per_op: per_op(acc.fences),
-        smo_reads_per_op: per_op(acc.smo_reads),
-        smo_writes_per_op: per_op(acc.smo_writes),
-        smo_flushes_per_op: per_op(acc.smo_flushes),
+        flushes_per_op: per_counted(acc.flushes),
+        fences_per_op: per_counted(acc.fences),
+        smo_reads_per_op: per_counted(acc.smo_reads),
+        smo_writes_per_op: per_counted(acc.smo_writes),
+        smo_flushes_per_op: per_counted(acc.smo_flushes),
         pm_bytes: stats.pm_bytes(),
         pm_bytes_per_node: stats.pm_bytes_per_node.clone(),
         dram_bytes: stats.dram_bytes,
         load_seconds,
         miss_ratio: per_op(misses),
+        accounted_ops,
         reopen_ms,
         recover_ms,
         seed: config.seed,

@@ -1,14 +1,28 @@
 //! The runner's PM accounting end to end: a toy target that touches one line of a two-node
-//! volatile pool per operation. Alone in its test binary because accounting is process-global.
+//! volatile pool per operation. Alone in its test binary because accounting is process-global
+//! (and the tests here take `SERIAL`).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use numakv_bench::peers::Peer;
+use numakv_bench::report::RunResult;
 use numakv_bench::target::{Target, TargetEnv, TargetInstance};
 use numakv_bench::{run, BenchConfig, Progress};
 use numakv_index::{CheckReport, EngineStats, Index, Result};
 use numakv_numa::Placement;
 use numakv_pmem::{account, EngineId, PPtr, Pool, PoolConfig};
+
+/// Operations the toy ran while accounting was on.
+static COUNTED: AtomicU64 = AtomicU64::new(0);
+/// Serialises the tests (accounting is process-global).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn note_accounting() {
+    if account::enabled() {
+        COUNTED.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 /// Gets read a line of node 1; updates write and persist a line of node 0 (offset 1 MiB +
 /// 64·(key % 64)).
@@ -35,12 +49,14 @@ impl Index for Toy {
         self.inner.upsert(key, value)
     }
     fn update(&self, key: u64, value: u64) -> Result<bool> {
+        note_accounting();
         let line = self.line(0, key);
         account::record_write(line, 8);
         self.pool.persist(line as *const u8, 8);
         self.inner.update(key, value)
     }
     fn get(&self, key: u64) -> Result<Option<u64>> {
+        note_accounting();
         account::record_read(self.line(1, key), 8);
         self.inner.get(key)
     }
@@ -87,9 +103,8 @@ impl TargetInstance for ToyInstance {
     }
 }
 
-#[test]
-fn runner_reports_pm_lines_remote_share_flushes_and_space() {
-    let config = BenchConfig {
+fn toy_config() -> BenchConfig {
+    BenchConfig {
         workload: "ycsb-a".into(),
         dist: Some("uniform".parse().unwrap()),
         keys: Some(2_000),
@@ -99,11 +114,25 @@ fn runner_reports_pm_lines_remote_share_flushes_and_space() {
         placement: Placement::Interleave,
         quiet: true,
         ..BenchConfig::default()
-    };
+    }
+}
+
+/// Runs the toy; returns its result and the operations it ran with accounting on.
+fn run_toy(config: &BenchConfig) -> (RunResult, u64) {
+    COUNTED.store(0, Ordering::Relaxed);
     let targets: Vec<Arc<dyn Target>> = vec![Arc::new(ToyTarget)];
-    let report = run(&config, &targets, Progress::Hidden).unwrap();
+    let report = run(config, &targets, Progress::Hidden).unwrap();
     assert!(report.failures.is_empty(), "{:?}", report.failures);
-    let r = &report.runs[0];
+    assert!(!account::enabled(), "the runner turns accounting off after the run");
+    (report.runs[0].clone(), COUNTED.load(Ordering::Relaxed))
+}
+
+#[test]
+fn runner_reports_pm_lines_remote_share_flushes_and_space() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let config = toy_config();
+    let (r, counted) = run_toy(&config);
+    let r = &r;
     let near = |x: f64, want: f64| (x - want).abs() < 0.03;
     // ycsb-a: half gets (one line read), half updates (one line written, flushed, fenced).
     assert!(near(r.pm_reads_per_op, 0.5), "reads {}", r.pm_reads_per_op);
@@ -116,5 +145,29 @@ fn runner_reports_pm_lines_remote_share_flushes_and_space() {
     assert!(near(r.remote_writes_per_op, 0.25), "remote writes {}", r.remote_writes_per_op);
     assert!((r.remote_share - 0.5).abs() < 0.05, "remote share {}", r.remote_share);
     assert_eq!((r.pm_bytes, r.pm_bytes_per_node.clone()), (12_288, vec![4096, 8192]));
-    assert!(!account::enabled(), "the runner turns accounting off after the run");
+    // The figures come from a separate accounting phase: the timed operations (and the
+    // warm-up) ran with accounting off, then a quarter as many ran counted.
+    assert_eq!(r.ops, 20_000);
+    let share = (20_000.0 * numakv_bench::runner::ACCOUNTED_SHARE) as u64;
+    assert_eq!(r.accounted_ops, share);
+    assert_eq!(counted, r.accounted_ops, "operations that ran with accounting on");
+}
+
+#[test]
+fn with_latency_emulation_the_timed_operations_are_the_counted_ones() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let config = BenchConfig { latency: numakv_pmem::LatencyModel::OPTANE, ..toy_config() };
+    let (r, counted) = run_toy(&config);
+    assert_eq!(r.accounted_ops, 0);
+    // Warm-up and timed phase both counted (the warm-up's lines are discarded).
+    assert_eq!(counted, r.ops + 2_000, "operations that ran with accounting on");
+    assert!((r.pm_reads_per_op - 0.5).abs() < 0.03, "reads {}", r.pm_reads_per_op);
+}
+
+#[test]
+fn without_accounting_nothing_is_counted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let config = BenchConfig { accounting: false, ..toy_config() };
+    let (r, counted) = run_toy(&config);
+    assert_eq!((r.accounted_ops, counted, r.pm_reads_per_op), (0, 0, 0.0));
 }
