@@ -745,26 +745,24 @@ fn run_one(
     ui: &Ui,
 ) -> Result<RunResult> {
     let keys = config.keys.unwrap_or(workload.default_keys);
-    // A separate accounting phase (see ACCOUNTED_SHARE) unless nothing is counted or latency
-    // emulation makes the timed phase do the bookkeeping anyway
-    // (DRAM peers touch no PM: nothing to count, so no phase for it.)
+    // A separate accounting phase (see ACCOUNTED_SHARE) unless nothing is counted, latency
+    // emulation makes the timed phase do the bookkeeping anyway, or the target is a DRAM peer
+    // (no PM to count).
     let split = config.accounting && config.latency.is_none() && target.persistent();
-    let accounted_total =
-        |ops: u64| if split { (ops as f64 * ACCOUNTED_SHARE).ceil() as u64 } else { 0 };
+    let share = if split { ACCOUNTED_SHARE } else { 0.0 };
+    let accounted_total = |ops: u64| (ops as f64 * share).ceil() as u64;
     let total_ops = match config.ops {
         Some(n) => n,
         // Warm-up, measured and accounted operations must not outnumber the keys they use up.
         None if workload.consumes_keys => {
             // (Less one per worker: each rounds its warm-up and accounted shares up.)
-            let extra = if split { ACCOUNTED_SHARE } else { 0.0 };
-            let room = (keys as f64 / (1.0 + config.warmup + extra)) as u64;
+            let room = (keys as f64 / (1.0 + config.warmup + share)) as u64;
             let room = room.saturating_sub(2 * threads as u64);
             workload.default_ops.min(room)
         }
         None => workload.default_ops,
     };
-    let plan_for = |share: u64| share.div_ceil(threads as u64);
-    let share = if split { ACCOUNTED_SHARE } else { 0.0 };
+    let plan_for = |n: u64| n.div_ceil(threads as u64);
     let plan = match config.duration.filter(|_| !workload.consumes_keys) {
         Some(d) => Plan::Time {
             warm: Duration::from_secs_f64(d * config.warmup),
