@@ -92,30 +92,16 @@ impl W1Run {
 /// W1 for one row of the figure, twice on fresh stores: timed with accounting off (counting
 /// costs per line and would slow the line-heavy tree more than the PTFO writes; docs/design.md
 /// §11), then counted. Throughput from the first run, PM lines from the second.
-fn w1_row(
-    name: &str,
-    kind: EngineKind,
-    settings: Settings,
-    op: W1Op,
-    opts: &ReproOptions,
-    ops: u64,
-) -> Result<W1Run> {
-    let timed = run_w1(name, kind, settings, op, opts, ops, false)?;
-    let counted = run_w1(name, kind, settings, op, opts, ops, true)?;
+fn w1_row(row: Row, op: W1Op, opts: &ReproOptions, ops: u64) -> Result<W1Run> {
+    let timed = run_w1(row, op, opts, ops, false)?;
+    let counted = run_w1(row, op, opts, ops, true)?;
     Ok(W1Run { producer_secs: timed.producer_secs, drained_secs: timed.drained_secs, ..counted })
 }
 
 /// Runs W1 (`ops` fresh random keys by [`THREADS`] threads interleaved over the nodes) on a
-/// fresh store of `kind` with `settings`, with accounting on throughout when `count`.
-fn run_w1(
-    name: &str,
-    kind: EngineKind,
-    settings: Settings,
-    op: W1Op,
-    opts: &ReproOptions,
-    ops: u64,
-    count: bool,
-) -> Result<W1Run> {
+/// fresh store of the row's engine and settings, with accounting on throughout when `count`.
+fn run_w1(row: Row, op: W1Op, opts: &ReproOptions, ops: u64, count: bool) -> Result<W1Run> {
+    let (name, kind, settings) = row;
     let nodes = opts.nodes.max(2);
     let scratch = opts.scratch.clone().unwrap_or_else(crate::runner::default_scratch);
     let dir = tempfile::Builder::new()
@@ -205,8 +191,8 @@ fn run_w1(
 // f3tree-numa
 // ---------------------------------------------------------------------------------------------
 
-/// The figure's own rows: (name, engine, settings).
-const NUMA_ROWS: [(&str, EngineKind, Settings); 5] = [
+/// The figure's own rows.
+const NUMA_ROWS: [Row; 5] = [
     ("f3tree", EngineKind::F3Tree, &[]),
     ("f3tree-n", EngineKind::F3Tree, &[("evaluation", "batched:1024")]),
     (
@@ -227,12 +213,12 @@ pub(crate) fn numa(
     let nodes = opts.nodes.max(2);
     let mut rows: Vec<W1Run> = Vec::new();
     if wants_f3(targets) {
-        for (name, kind, settings) in NUMA_ROWS {
-            rows.push(w1_row(name, kind, settings, W1Op::Upsert, opts, ops)?);
+        for row in NUMA_ROWS {
+            rows.push(w1_row(row, W1Op::Upsert, opts, ops)?);
         }
         // The same pair with insert-if-absent: what a producer-side tree lookup adds.
-        for (name, kind, settings) in &NUMA_ROWS[1..3] {
-            rows.push(w1_row(name, *kind, settings, W1Op::Insert, opts, ops)?);
+        for &row in &NUMA_ROWS[1..3] {
+            rows.push(w1_row(row, W1Op::Insert, opts, ops)?);
         }
     }
     let mut report = Report::default();
@@ -484,6 +470,8 @@ fn read_phase(index: &dyn Index, keys: u64, reads: u64, nodes: usize) -> Result<
 
 /// Engine options as (key, value) text.
 type Settings = &'static [(&'static str, &'static str)];
+/// A figure row: (name, engine, settings).
+type Row = (&'static str, EngineKind, Settings);
 
 pub(crate) fn read(
     targets: &[Arc<dyn Target>],
@@ -495,14 +483,14 @@ pub(crate) fn read(
     let reads = scaled(200_000, opts.scale, 20_000);
     let nodes = opts.nodes.max(2);
     let scratch = opts.scratch.clone().unwrap_or_else(crate::runner::default_scratch);
-    let variants: [(&str, EngineKind, Settings); 4] = [
+    let variants: [Row; 4] = [
         ("fastfair", EngineKind::FastFair, &[]),
         ("f3tree", EngineKind::F3Tree, &[]),
         ("f3tree-nohash", EngineKind::F3Tree, &[("hash_lookups", "false")]),
         ("f3tree-n", EngineKind::F3Tree, &[("evaluation", "batched:1024")]),
     ];
     let mut rows = Vec::new();
-    let own: &[(&str, EngineKind, Settings)] = if wants_f3(targets) { &variants } else { &[] };
+    let own: &[Row] = if wants_f3(targets) { &variants } else { &[] };
     for &(name, kind, settings) in own {
         let dir = tempfile::Builder::new()
             .prefix("numakv-repro-")
