@@ -82,3 +82,49 @@ fn engines_and_peers_run_side_by_side_in_both_modes() {
         assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0, "stores left behind");
     }
 }
+
+/// `repro f3tree-numa` counts each F3-tree row twice, as lines and through the modelled
+/// per-node caches; both views are in the report and its JSON, and both show the NUMA-aware
+/// variant with fewer remote accesses than the non-NUMA one.
+#[test]
+fn f3tree_numa_reports_lines_and_modelled_cache_misses() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let opts = numakv_bench::repro::ReproOptions {
+        out_dir: dir.path().to_path_buf(),
+        scale: 0.1,
+        quiet: true,
+        ..numakv_bench::repro::ReproOptions::default()
+    };
+    let targets = engines::select(&["f3tree".into()]).unwrap();
+    let out = numakv_bench::repro::run("f3tree-numa", &targets, &opts, Progress::Hidden).unwrap();
+    assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
+    assert!(out.markdown.contains("### Through a modelled cache per node"), "{}", out.markdown);
+    let row = |name: &str| {
+        out.report
+            .runs
+            .iter()
+            .find(|r| r.engine == name && r.workload.contains("upsert"))
+            .unwrap_or_else(|| panic!("no {name} row"))
+    };
+    let remote = |name: &str, flush: &str| {
+        let c = &row(name).counters;
+        let get = |k: &str| {
+            c.get(&format!("llc_{flush}_{k}"))
+                .copied()
+                .unwrap_or_else(|| panic!("{name}: no llc_{flush}_{k} in {c:?}"))
+        };
+        let misses = get("memory_reads_local") + get("memory_reads_remote");
+        assert!(misses > 0 && get("hits") > 0, "{name} {flush}: {c:?}");
+        get("memory_reads_remote") + get("transfers_remote") + get("writebacks_remote")
+    };
+    for flush in ["clflush", "clwb"] {
+        let (numa, non) = (remote("f3tree-n", flush), remote("f3tree-nonuma", flush));
+        assert!(numa < non, "{flush}: f3tree-n {numa} vs f3tree-nonuma {non} remote accesses");
+        assert!(out.markdown.contains(&format!("(upsert, {flush})")), "{}", out.markdown);
+    }
+    // Lines and misses are different counts of the same run: the caches absorb most lines.
+    let n = row("f3tree-n");
+    let lines = (n.pm_reads_per_op + n.pm_writes_per_op) * n.ops as f64;
+    assert!((remote("f3tree-n", "clflush") as f64) < lines, "{n:?}");
+}

@@ -19,6 +19,13 @@
 //! [`COMPILED`] is `false`, [`set_enabled`] and [`set_latency`] are no-ops (so [`enabled`] stays
 //! `false` and [`latency`] stays [`LatencyModel::NONE`]), and every counter stays zero.
 //!
+//! # Cache models
+//!
+//! Lines touched are what a structure asks of memory; hardware counters see what leaves a
+//! socket's cache. [`start_cache_models`] additionally replays every access and flush through
+//! [`crate::cachemodel`] models of per-node caches until [`stop_cache_models`] returns their
+//! counts (untimed runs only: the models sit behind one global lock).
+//!
 //! Latency emulation adds a busy-wait on the *first* touch of a line within an operation, with the
 //! per-access figures of a [`LatencyModel`] (e.g. [`LatencyModel::OPTANE`]).
 //!
@@ -39,12 +46,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::cachemodel::{Access, CacheConfig, CacheModel, CacheStats};
 use crate::persist::{lines, LINE};
 
 const FLAG_ACCOUNT: u8 = 1;
@@ -421,7 +429,7 @@ const LINEAR_SEARCH_LINES: usize = 32;
 /// default SipHash was a visible share of an SMO's accounting cost, and the keys are our own
 /// addresses, not chosen by an adversary.
 #[derive(Default)]
-struct LineHasher(u64);
+pub(crate) struct LineHasher(u64);
 
 impl Hasher for LineHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -501,6 +509,10 @@ impl ThreadAcct {
                     (true, node)
                 }
             };
+            if CACHE_MODELS_ON.load(Ordering::Relaxed) {
+                let access = if kind == TOUCH_WRITE { Access::Write } else { Access::Read };
+                replay(line, node, access);
+            }
             if fresh && flags & FLAG_LATENCY != 0 {
                 let remote = node != numakv_numa::current_node();
                 let word = LATENCY[usize::from(kind == TOUCH_WRITE)].load(Ordering::Relaxed);
@@ -659,13 +671,20 @@ pub fn record_write(addr: usize, len: usize) {
     }
 }
 
-/// Counts `n` line flushes (called by [`crate::Pool::flush`]).
+/// Counts the flushes of the lines of `[addr, addr + len)`, all on `node` (called by
+/// [`crate::Pool::flush`]), and replays them through the cache models when they run.
 #[inline]
-pub(crate) fn record_flushes(n: usize) {
+pub(crate) fn record_flushes(addr: usize, len: usize, node: usize) {
     if !COMPILED {
         return;
     }
     if FLAGS.load(Ordering::Relaxed) & FLAG_ACCOUNT != 0 {
+        if CACHE_MODELS_ON.load(Ordering::Relaxed) {
+            for line in lines(addr, len) {
+                replay(line, node, Access::Flush);
+            }
+        }
+        let n = crate::persist::line_count(addr, len);
         let _ = ACCT.try_with(|a| {
             if let Ok(mut a) = a.try_borrow_mut() {
                 a.flushes += n as u64;
@@ -674,6 +693,48 @@ pub(crate) fn record_flushes(n: usize) {
                 }
             }
         });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cache models
+// ---------------------------------------------------------------------------------------------
+
+/// The cache models fed while accounting is on (empty: none).
+static CACHE_MODELS: Mutex<Vec<CacheModel>> = Mutex::new(Vec::new());
+/// Whether [`CACHE_MODELS`] is non-empty: the hooks' only cost when no model runs.
+static CACHE_MODELS_ON: AtomicBool = AtomicBool::new(false);
+
+/// Starts one [`CacheModel`] per configuration, empty, replacing any running: while accounting is
+/// on, every PM line access and flush of every thread is replayed through them (by the thread's
+/// node, [`numakv_numa::current_node`]) until [`stop_cache_models`].
+///
+/// Costs a global lock per access while it runs: for untimed counting runs (the accounting phase
+/// of a benchmark, a reproduction's line count), not for timed ones. Accesses the hot path skips
+/// as repeats (the line the thread's operation touched last, the same way) are not replayed;
+/// they would hit unless another node wrote the line in between. A no-op without the
+/// `accounting` feature.
+pub fn start_cache_models(configs: &[CacheConfig]) {
+    if !COMPILED {
+        return;
+    }
+    let mut models = CACHE_MODELS.lock();
+    *models = configs.iter().map(|&c| CacheModel::new(c)).collect();
+    CACHE_MODELS_ON.store(!models.is_empty(), Ordering::Relaxed);
+}
+
+/// Stops the cache models and returns what each counted, in the order they were started.
+pub fn stop_cache_models() -> Vec<(CacheConfig, CacheStats)> {
+    let mut models = CACHE_MODELS.lock();
+    CACHE_MODELS_ON.store(false, Ordering::Relaxed);
+    std::mem::take(&mut *models).iter().map(|m| (m.config(), m.stats())).collect()
+}
+
+#[cold]
+fn replay(line: usize, home: usize, access: Access) {
+    let node = numakv_numa::current_node();
+    for m in CACHE_MODELS.lock().iter_mut() {
+        m.access(line, home, node, access);
     }
 }
 

@@ -19,6 +19,7 @@
 pub mod access;
 pub mod account;
 pub mod alloc;
+pub mod cachemodel;
 pub mod crash;
 mod error;
 pub mod heap;

@@ -627,7 +627,7 @@ impl Pool {
         let region = &self.regions[p.node()];
         let off = p.offset() as usize;
         let len = len.min(region.work.len() - off);
-        account::record_flushes(persist::line_count(addr as usize, len));
+        account::record_flushes(addr as usize, len, p.node());
         match &self.shadow {
             // SAFETY: `[addr, addr + len)` was just clamped to lie inside node `p.node()`'s
             // mapping, which lives as long as `self`.

@@ -474,3 +474,41 @@ fn large_operations_still_count_each_line_once() {
     });
     assert_eq!(s, stats(1, 0, n, 0, 0));
 }
+
+#[test]
+#[cfg_attr(not(feature = "accounting"), ignore = "accounting compiled out")]
+fn cache_models_see_every_thread_access_and_flush_by_node() {
+    use numakv_pmem::cachemodel::{CacheConfig, FlushKind};
+    let _s = serial(true);
+    let (pool, [p0, p1]) = pool(PersistMode::Adr);
+    let w0: &PmU64 = pool.get(p0).unwrap();
+    let w1: &PmU64 = pool.get(p1).unwrap();
+    let clwb = CacheConfig { bytes_per_node: 1 << 20, ways: 16, flush: FlushKind::Clwb };
+    account::start_cache_models(&[clwb.with_flush(FlushKind::Clflush), clwb]);
+    one_op(|| {
+        w1.store(1, Ordering::Release); // node 0 writes a node-1 line: remote read for ownership
+        pool.persist_obj(w1); // written back to node 1: remote
+        w1.load(Ordering::Acquire); // clflush: read again (remote); clwb: hit
+        w0.load(Ordering::Acquire); // local miss
+    });
+    // A node-1 thread reads both lines: w1 is local (in its memory), w0 remote.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            set_current_node(1);
+            w1.load(Ordering::Acquire);
+            w0.load(Ordering::Acquire);
+            account::op_end();
+        });
+    });
+    let got = account::stop_cache_models();
+    assert_eq!(got.len(), 2);
+    let (cfg, f) = got[0];
+    assert_eq!(cfg.flush, FlushKind::Clflush);
+    assert_eq!((f.memory_reads_remote, f.writebacks_remote, f.hits), (3, 1, 0), "{f:?}");
+    assert_eq!((f.memory_reads_local, f.transfers_remote), (2, 0), "{f:?}");
+    let (_, k) = got[1];
+    assert_eq!((k.memory_reads_remote, k.writebacks_remote, k.hits), (2, 1, 1), "{k:?}");
+    // Stopped: nothing is replayed any more, and a second stop returns no models.
+    one_op(|| _ = w0.load(Ordering::Acquire));
+    assert!(account::stop_cache_models().is_empty());
+}
