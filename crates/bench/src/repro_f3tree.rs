@@ -61,6 +61,52 @@ enum W1Op {
     Insert,
 }
 
+/// W1's keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum W1Keys {
+    /// Fresh random keys, each thread every `THREADS`-th of one random sequence.
+    Random,
+    /// Keys 1..=n, each thread an ascending contiguous range of them: how the F&F and F3-tree
+    /// prototypes' benchmarks split a sorted input file among threads (Fig. 8a).
+    Sequential,
+}
+
+/// One W1 variant: the write and the keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct W1 {
+    op: W1Op,
+    keys: W1Keys,
+}
+
+impl W1 {
+    const UPSERT: W1 = W1 { op: W1Op::Upsert, keys: W1Keys::Random };
+    const INSERT: W1 = W1 { op: W1Op::Insert, keys: W1Keys::Random };
+    const UPSERT_SEQ: W1 = W1 { op: W1Op::Upsert, keys: W1Keys::Sequential };
+
+    /// The report's name for it.
+    fn label(self) -> &'static str {
+        match (self.op, self.keys) {
+            (W1Op::Upsert, W1Keys::Random) => "upsert",
+            (W1Op::Insert, W1Keys::Random) => "insert",
+            (W1Op::Upsert, W1Keys::Sequential) => "upsert, sequential",
+            (W1Op::Insert, W1Keys::Sequential) => "insert, sequential",
+        }
+    }
+
+    /// The keys thread `t` of [`THREADS`] writes, in order, out of `ops`.
+    fn keys_of(self, t: u64, ops: u64) -> Box<dyn Iterator<Item = u64>> {
+        let threads = THREADS as u64;
+        match self.keys {
+            W1Keys::Random => Box::new((t..ops).step_by(THREADS).map(key_of)),
+            W1Keys::Sequential => {
+                let per = ops / threads;
+                let to = if t + 1 == threads { ops } else { (t + 1) * per };
+                Box::new((t * per..to).map(|i| i + 1))
+            }
+        }
+    }
+}
+
 /// The caches W1's counted run is replayed through: one socket of the paper's machine
 /// (papers/f3tree.txt §5.1), with its `clflush`, and the same cache with a `clwb` that keeps lines.
 const LLC_MODELS: [CacheConfig; 2] =
@@ -74,7 +120,7 @@ const PHASES: [&str; 4] = ["producer_tree", "producer_ptfo", "eval_ptfo", "eval_
 /// all counted (the paper counts the whole run's remote accesses).
 struct W1Run {
     name: String,
-    op: W1Op,
+    w1: W1,
     ops: u64,
     producer_secs: f64,
     drained_secs: f64,
@@ -100,15 +146,15 @@ impl W1Run {
 /// W1 for one row of the figure, twice on fresh stores: timed with accounting off (counting
 /// costs per line and would slow the line-heavy tree more than the PTFO writes; docs/design.md
 /// §11), then counted. Throughput from the first run, PM lines from the second.
-fn w1_row(row: Row, op: W1Op, opts: &ReproOptions, ops: u64) -> Result<W1Run> {
-    let timed = run_w1(row, op, opts, ops, false)?;
-    let counted = run_w1(row, op, opts, ops, true)?;
+fn w1_row(row: Row, w1: W1, opts: &ReproOptions, ops: u64) -> Result<W1Run> {
+    let timed = run_w1(row, w1, opts, ops, false)?;
+    let counted = run_w1(row, w1, opts, ops, true)?;
     Ok(W1Run { producer_secs: timed.producer_secs, drained_secs: timed.drained_secs, ..counted })
 }
 
-/// Runs W1 (`ops` fresh random keys by [`THREADS`] threads interleaved over the nodes) on a
-/// fresh store of the row's engine and settings, with accounting on throughout when `count`.
-fn run_w1(row: Row, op: W1Op, opts: &ReproOptions, ops: u64, count: bool) -> Result<W1Run> {
+/// Runs W1 (`ops` fresh keys by [`THREADS`] threads interleaved over the nodes) on a fresh store
+/// of the row's engine and settings, with accounting on throughout when `count`.
+fn run_w1(row: Row, w1: W1, opts: &ReproOptions, ops: u64, count: bool) -> Result<W1Run> {
     let (name, kind, settings) = row;
     let nodes = opts.nodes.max(2);
     let scratch = opts.scratch.clone().unwrap_or_else(crate::runner::default_scratch);
@@ -137,21 +183,19 @@ fn run_w1(row: Row, op: W1Op, opts: &ReproOptions, ops: u64, count: bool) -> Res
                 s.spawn(move || -> Result<()> {
                     numakv_numa::set_current_node(t as usize % nodes);
                     account::op_discard();
-                    let mut i = t;
-                    while i < ops {
-                        match op {
-                            W1Op::Upsert => index.upsert(key_of(i), i)?,
+                    for key in w1.keys_of(t, ops) {
+                        match w1.op {
+                            W1Op::Upsert => index.upsert(key, key)?,
                             W1Op::Insert => {
-                                if !index.insert(key_of(i), i)? {
+                                if !index.insert(key, key)? {
                                     return Err(BenchError::Target {
                                         target: "w1".into(),
-                                        message: format!("key {i} was not new"),
+                                        message: format!("key {key} was not new"),
                                     });
                                 }
                             }
                         }
                         account::op_end();
-                        i += THREADS as u64;
                     }
                     Ok(())
                 })
@@ -189,7 +233,7 @@ fn run_w1(row: Row, op: W1Op, opts: &ReproOptions, ops: u64, count: bool) -> Res
     store.close().map_err(store_err(name))?;
     Ok(W1Run {
         name: name.to_string(),
-        op,
+        w1,
         ops,
         producer_secs,
         drained_secs,
@@ -206,10 +250,12 @@ fn run_w1(row: Row, op: W1Op, opts: &ReproOptions, ops: u64, count: bool) -> Res
 
 /// NUMA-aware row, its non-NUMA counterpart, and the write: the pairs the paper's 50% is
 /// checked on.
-const VERDICT_PAIRS: [(&str, &str, W1Op); 3] = [
-    ("f3tree-n", "f3tree-nonuma", W1Op::Upsert),
-    ("f3tree", "f3tree-nonuma-k", W1Op::Upsert),
-    ("f3tree-n", "f3tree-nonuma", W1Op::Insert),
+const VERDICT_PAIRS: [(&str, &str, W1); 5] = [
+    ("f3tree-n", "f3tree-nonuma", W1::UPSERT),
+    ("f3tree", "f3tree-nonuma-k", W1::UPSERT),
+    ("f3tree-n", "f3tree-nonuma", W1::INSERT),
+    ("f3tree-n", "f3tree-nonuma", W1::UPSERT_SEQ),
+    ("f3tree", "f3tree-nonuma-k", W1::UPSERT_SEQ),
 ];
 
 /// The figure's own rows.
@@ -235,11 +281,15 @@ pub(crate) fn numa(
     let mut rows: Vec<W1Run> = Vec::new();
     if wants_f3(targets) {
         for row in NUMA_ROWS {
-            rows.push(w1_row(row, W1Op::Upsert, opts, ops)?);
+            rows.push(w1_row(row, W1::UPSERT, opts, ops)?);
         }
         // The same pair with insert-if-absent: what a producer-side tree lookup adds.
         for &row in &NUMA_ROWS[1..3] {
-            rows.push(w1_row(row, W1Op::Insert, opts, ops)?);
+            rows.push(w1_row(row, W1::INSERT, opts, ops)?);
+        }
+        // Fig. 8a's sequential keys: each thread's range grows at its own end of the tree.
+        for row in NUMA_ROWS {
+            rows.push(w1_row(row, W1::UPSERT_SEQ, opts, ops)?);
         }
     }
     let mut report = Report::default();
@@ -262,10 +312,7 @@ pub(crate) fn numa(
         }
         report.runs.push(crate::report::RunResult {
             engine: r.name.clone(),
-            workload: format!(
-                "f3tree-w1 ({})",
-                if r.op == W1Op::Upsert { "upsert" } else { "insert" }
-            ),
+            workload: format!("f3tree-w1 ({})", r.w1.label()),
             threads: THREADS,
             nodes,
             placement: "interleave".into(),
@@ -302,7 +349,8 @@ pub(crate) fn numa(
         "f3tree-numa",
         opts,
         &format!(
-            "W1 (write only, {ops} fresh random 8-byte keys into an empty tree), {THREADS} \
+            "W1 (write only, {ops} fresh 8-byte keys into an empty tree, random or sequential), \
+             {THREADS} \
              threads interleaved over {nodes} emulated nodes"
         ),
     );
@@ -317,6 +365,10 @@ pub(crate) fn numa(
          `f3tree-nonuma` (batched) and `f3tree-nonuma-k` (key-based) place PTFOs round robin \
          over the nodes and let any evaluate thread serve any PTFO. W1's write is `upsert`, a \
          blind write like the paper's insert (rows marked `insert` use insert-if-absent). \
+         Keys are random (Fig. 8b) unless marked `sequential`: keys 1..n, each thread an \
+         ascending contiguous range of them, which is how the F&F and F3-tree prototypes' \
+         benchmarks split their sorted input among threads (Fig. 8a); the paper does not say \
+         which distribution Fig. 9 counted. \
          Lines are counted from the first write until the evaluate threads have checkpointed \
          every entry (accounting on throughout), for every thread, per W1 operation; an \
          evaluator's tree write is counted like one FAST&FAIR operation. Throughput comes from \
@@ -332,7 +384,7 @@ pub(crate) fn numa(
             md,
             "| {} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} / {:.2} | {:.0}% |",
             r.name,
-            if r.op == W1Op::Upsert { "upsert" } else { "insert" },
+            r.w1.label(),
             r.ops as f64 / r.producer_secs.max(1e-9) / 1e6,
             r.ops as f64 / r.drained_secs.max(1e-9) / 1e6,
             r.lines_per_op(),
@@ -369,12 +421,12 @@ pub(crate) fn numa(
             md,
             "| {} | {} | {} | {:.1}% |",
             r.name,
-            if r.op == W1Op::Upsert { "upsert" } else { "insert" },
+            r.w1.label(),
             cells.join(" | "),
             r.leaf_reuses as f64 * 100.0 / r.ops.max(1) as f64
         );
     }
-    let find = |n: &str, op: W1Op| rows.iter().find(|r| r.name == n && r.op == op);
+    let find = |n: &str, w1: W1| rows.iter().find(|r| r.name == n && r.w1 == w1);
     let mut verdicts = Vec::new();
     for (numa, non, op) in VERDICT_PAIRS {
         if let (Some(a), Some(b)) = (find(numa, op), find(non, op)) {
@@ -391,18 +443,21 @@ pub(crate) fn numa(
             md,
             "- `{numa}` vs `{non}` ({}): {x:.2} vs {y:.2} remote lines/op, {:.0}% fewer — the \
              paper's 50% {} (remote lines written alone: {:.0}% fewer).",
-            if *op == W1Op::Upsert { "upsert" } else { "insert" },
+            op.label(),
             cut * 100.0,
             if *cut >= 0.5 { "holds" } else { "does not hold" },
             wcut * 100.0
         );
     }
-    if let (Some(n), Some(f)) = (find("f3tree-n", W1Op::Upsert), find("fastfair", W1Op::Upsert)) {
-        let _ = writeln!(
-            md,
-            "- Write throughput (producers), F3-tree(N) vs FAST&FAIR: {:.2}x.",
-            f.producer_secs / n.producer_secs.max(1e-9)
-        );
+    for w1 in [W1::UPSERT, W1::UPSERT_SEQ] {
+        if let (Some(n), Some(f)) = (find("f3tree-n", w1), find("fastfair", w1)) {
+            let _ = writeln!(
+                md,
+                "- Write throughput (producers), F3-tree(N) vs FAST&FAIR ({}): {:.2}x.",
+                w1.label(),
+                f.producer_secs / n.producer_secs.max(1e-9)
+            );
+        }
     }
     llc_section(&rows, &mut md);
     md.push_str(
@@ -416,7 +471,11 @@ pub(crate) fn numa(
          lines — so the tree phase outweighs the PTFO phases (about 7 lines per write) and \
          bounds the reduction to the PTFOs' share. The modelled caches serve the tree's upper \
          levels, but they also serve the PTFO lines a producer appends to, and the leaf lines \
-         each write shifts and flushes still miss, half of them remote in every variant.\n",
+         each write shifts and flushes still miss, half of them remote in every variant. \
+         With sequential keys each thread's range grows at its own place in the tree, and \
+         the NUMA-aware evaluators, serving only their node's writers, split those leaves on \
+         the writers' node: the tree phase becomes local as well, and the cut is far above \
+         the paper's 50%. With random keys every leaf is written for both nodes' threads.\n",
     );
     failures_md(&report, &mut md);
     Ok((md, report, Vec::new()))
@@ -451,7 +510,7 @@ fn llc_section(rows: &[W1Run], md: &mut String) {
                 md,
                 "| {} | {} | {} | {:.2} / {:.2} | {:.2} | {:.2} / {:.2} | {:.2} | {:.0}% |",
                 r.name,
-                if r.op == W1Op::Upsert { "upsert" } else { "insert" },
+                r.w1.label(),
                 cfg.flush,
                 per(st.memory_reads_local),
                 per(st.memory_reads_remote),
@@ -464,7 +523,7 @@ fn llc_section(rows: &[W1Run], md: &mut String) {
         }
     }
     md.push('\n');
-    let find = |n: &str, op: W1Op| rows.iter().find(|r| r.name == n && r.op == op);
+    let find = |n: &str, w1: W1| rows.iter().find(|r| r.name == n && r.w1 == w1);
     for (numa, non, op) in VERDICT_PAIRS {
         let (Some(a), Some(b)) = (find(numa, op), find(non, op)) else { continue };
         for ((cfg, x), (_, y)) in a.llc.iter().zip(&b.llc) {
@@ -474,7 +533,7 @@ fn llc_section(rows: &[W1Run], md: &mut String) {
                 md,
                 "- `{numa}` vs `{non}` ({}, {}): {x:.2} vs {y:.2} remote accesses/op, {:.0}% \
                  fewer — the paper's 50% {}.",
-                if op == W1Op::Upsert { "upsert" } else { "insert" },
+                op.label(),
                 cfg.flush,
                 cut * 100.0,
                 if cut >= 0.5 { "holds" } else { "does not hold" },
