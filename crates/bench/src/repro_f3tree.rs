@@ -287,7 +287,7 @@ pub(crate) fn numa(
         for &row in &NUMA_ROWS[1..3] {
             rows.push(w1_row(row, W1::INSERT, opts, ops)?);
         }
-        // Fig. 8a's sequential keys: each thread's range grows at its own end of the tree.
+        // Fig. 8a's sequential keys: each thread's range grows at its own place in the tree.
         for row in NUMA_ROWS {
             rows.push(w1_row(row, W1::UPSERT_SEQ, opts, ops)?);
         }
