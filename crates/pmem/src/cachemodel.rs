@@ -123,6 +123,15 @@ impl CacheStats {
             + self.writebacks_remote
     }
 
+    /// Counts a dirty line written back by node `owner` to node `home`'s memory.
+    fn writeback(&mut self, owner: u8, home: u8) {
+        if owner == home {
+            self.writebacks_local += 1;
+        } else {
+            self.writebacks_remote += 1;
+        }
+    }
+
     /// Remote share of [`CacheStats::memory_accesses`] (0 when there were none).
     pub fn remote_share(&self) -> f64 {
         let all = self.memory_accesses();
@@ -273,11 +282,7 @@ impl CacheModel {
             Some(owner) if owner as usize != node => {
                 self.stats.transfers_remote += 1;
                 // The owner's copy becomes clean: its data goes home too.
-                if owner == entry.home {
-                    self.stats.writebacks_local += 1;
-                } else {
-                    self.stats.writebacks_remote += 1;
-                }
+                self.stats.writeback(owner, entry.home);
                 entry.dirty = None;
             }
             _ if entry.home as usize == node => self.stats.memory_reads_local += 1,
@@ -293,19 +298,15 @@ impl CacheModel {
     fn evict(&mut self, victim: usize, node: usize) {
         let Some(l) = self.lines.get_mut(&victim) else { return };
         l.holders &= !(1 << node);
-        if l.dirty == Some(node as u8) {
-            if l.home as usize == node {
-                self.stats.writebacks_local += 1;
-            } else {
-                self.stats.writebacks_remote += 1;
-            }
-            l.dirty = None;
+        if let Some(owner) = l.dirty.take_if(|&mut o| o as usize == node) {
+            self.stats.writeback(owner, l.home);
         }
         if l.holders == 0 {
             self.lines.remove(&victim);
         }
     }
 
+    /// Gives `node` a copy of the line: a hit, or a miss served as the module docs say.
     fn read(&mut self, line: usize, home: usize, node: usize) {
         if self.holds(line, node) {
             self.stats.hits += 1;
@@ -315,11 +316,8 @@ impl CacheModel {
     }
 
     fn write(&mut self, line: usize, home: usize, node: usize) {
-        if self.holds(line, node) {
-            self.stats.hits += 1;
-        } else {
-            self.miss(line, home, node);
-        }
+        // Read for ownership, then take the only copy.
+        self.read(line, home, node);
         let Some(l) = self.lines.get_mut(&line) else { return };
         let others = l.holders & !(1 << node);
         if others != 0 {
@@ -336,11 +334,7 @@ impl CacheModel {
     fn flush(&mut self, line: usize) {
         let Some(l) = self.lines.get_mut(&line) else { return };
         if let Some(owner) = l.dirty.take() {
-            if owner == l.home {
-                self.stats.writebacks_local += 1;
-            } else {
-                self.stats.writebacks_remote += 1;
-            }
+            self.stats.writeback(owner, l.home);
         }
         if self.config.flush == FlushKind::Clflush {
             let holders = l.holders;
@@ -360,13 +354,9 @@ mod tests {
     const BIG: CacheConfig =
         CacheConfig { bytes_per_node: 1 << 20, ways: 16, flush: FlushKind::Clwb };
 
-    fn model(c: CacheConfig) -> CacheModel {
-        CacheModel::new(c)
-    }
-
     #[test]
     fn a_second_read_hits_and_a_first_read_goes_to_the_home_node() {
-        let mut m = model(BIG);
+        let mut m = CacheModel::new(BIG);
         m.access(0, 0, 0, Read);
         m.access(0, 0, 0, Read);
         m.access(64, 1, 0, Read);
@@ -377,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_line_dirty_in_another_node_is_transferred_and_written_home() {
-        let mut m = model(BIG);
+        let mut m = CacheModel::new(BIG);
         m.access(0, 0, 1, Write); // node 1 writes a node-0 line: remote read for ownership
         m.access(0, 0, 0, Read); // node 0 reads it: transfer from node 1, written back home
         let s = m.stats();
@@ -392,7 +382,7 @@ mod tests {
 
     #[test]
     fn a_write_invalidates_the_other_copies() {
-        let mut m = model(BIG);
+        let mut m = CacheModel::new(BIG);
         m.access(0, 0, 0, Read);
         m.access(0, 0, 1, Read);
         m.access(0, 0, 0, Write); // hit, invalidates node 1's copy
@@ -406,7 +396,7 @@ mod tests {
     #[test]
     fn flushes_write_back_dirty_lines_and_clflush_drops_them() {
         for flush in [FlushKind::Clwb, FlushKind::Clflush] {
-            let mut m = model(BIG.with_flush(flush));
+            let mut m = CacheModel::new(BIG.with_flush(flush));
             m.access(0, 1, 0, Write);
             m.access(0, 1, 0, Flush);
             m.access(0, 1, 0, Flush); // clean now: nothing to write back
@@ -427,7 +417,7 @@ mod tests {
     fn the_least_recently_used_line_of_a_full_set_is_evicted_and_written_back() {
         // One set of two ways: every line maps to it.
         let tiny = CacheConfig { bytes_per_node: 2 * LINE, ways: 2, flush: FlushKind::Clwb };
-        let mut m = model(tiny);
+        let mut m = CacheModel::new(tiny);
         m.access(0, 0, 0, Write);
         m.access(64, 0, 0, Read);
         m.access(0, 0, 0, Read); // line 0 used last: line 64 is the LRU
@@ -442,7 +432,7 @@ mod tests {
 
     #[test]
     fn remote_share_counts_misses_and_writebacks() {
-        let mut m = model(BIG);
+        let mut m = CacheModel::new(BIG);
         m.access(0, 0, 0, Read);
         m.access(64, 1, 0, Write);
         m.access(64, 1, 0, Flush);
@@ -455,7 +445,7 @@ mod tests {
 
     #[test]
     fn nodes_past_the_mask_are_ignored() {
-        let mut m = model(BIG);
+        let mut m = CacheModel::new(BIG);
         m.access(0, 0, MAX_NODES, Read);
         m.access(0, MAX_NODES, 0, Read);
         assert_eq!(m.stats(), CacheStats::default());
