@@ -11,6 +11,8 @@
 //!   and latency emulation ([`LatencyModel`]); a runtime switch, compiled out entirely without the
 //!   `accounting` cargo feature (on by default; [`account::COMPILED`]).
 //! - [`access`]: the accessor types PM structures are built from.
+//! - `failpoint` (feature `failpoints`): named pause and failure points that tests use to force
+//!   an interleaving ([`pause_point!`], [`fail_point!`]; no-ops without the feature).
 //! - [`heap`] and [`alloc`]: the page heap, NSM, Calloc, a naive bump allocator, and epoch-based
 //!   reclamation.
 //!
@@ -22,6 +24,8 @@ pub mod alloc;
 pub mod cachemodel;
 pub mod crash;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoint;
 pub mod heap;
 pub mod layout;
 mod map;
