@@ -62,13 +62,6 @@ macro_rules! pause_point {
     }};
 }
 
-/// See the feature-enabled definition.
-#[cfg(not(feature = "failpoints"))]
-#[macro_export]
-macro_rules! pause_point {
-    ($name:literal) => {{}};
-}
-
 /// `true` when a test armed the named point with [`Scenario::fail`]: the caller then fails the
 /// way the point's documentation says (typically as if the pool were out of space). A pause or
 /// callback armed on the same name runs first. Always `false` without the `failpoints` feature.
@@ -77,15 +70,6 @@ macro_rules! pause_point {
 macro_rules! fail_point {
     ($name:literal) => {
         $crate::failpoint::hit($name)
-    };
-}
-
-/// See the feature-enabled definition.
-#[cfg(not(feature = "failpoints"))]
-#[macro_export]
-macro_rules! fail_point {
-    ($name:literal) => {
-        false
     };
 }
 
@@ -297,6 +281,7 @@ impl Drop for Scenario {
 }
 
 /// An armed pause point ([`Scenario::pause`]). Dropping it releases and disarms it.
+#[must_use = "dropping a Pause releases and disarms the point at once"]
 pub struct Pause(Arc<Point>);
 
 impl std::fmt::Debug for Pause {
@@ -354,6 +339,7 @@ impl Drop for Pause {
 }
 
 /// An armed failure or callback point ([`Scenario::fail`], [`Scenario::call`]).
+#[must_use = "dropping an Armed disarms the point at once"]
 pub struct Armed(Arc<Point>);
 
 impl std::fmt::Debug for Armed {
@@ -368,8 +354,14 @@ impl Armed {
         self.0.state.lock().hits
     }
 
-    /// Disarms the point now (otherwise at the end of the scenario).
+    /// Disarms the point now (otherwise when dropped).
     pub fn disarm(&self) {
+        disarm(&self.0);
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
         disarm(&self.0);
     }
 }

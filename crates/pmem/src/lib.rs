@@ -26,6 +26,23 @@ pub mod crash;
 mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoint;
+
+/// Without the `failpoints` feature a pause point is nothing (the module `failpoint`, which
+/// defines the live version, is not compiled).
+#[cfg(not(feature = "failpoints"))]
+#[macro_export]
+macro_rules! pause_point {
+    ($name:literal) => {{}};
+}
+
+/// Without the `failpoints` feature a failure point never fires.
+#[cfg(not(feature = "failpoints"))]
+#[macro_export]
+macro_rules! fail_point {
+    ($name:literal) => {
+        false
+    };
+}
 pub mod heap;
 pub mod layout;
 mod map;
