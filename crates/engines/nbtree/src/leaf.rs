@@ -40,13 +40,14 @@
 //! store without touching the tag once it is 0.
 //!
 //! SEAL is the old-leaf side of the same word (the leaf's role as the *source* of an SMO, where
-//! COPY/SYNC describe its role as a *target*). A delete commits in a leaf only inside the slot's
-//! BUSY section and only while the slot is unsealed; every sync-phase thread seals each committed
-//! slot (waiting out BUSY) before it reads the old leaf. So a delete either committed before the
-//! sync pass read the slot (the pass, or the delete's own sync-on-write, carries it to the copy),
-//! or it finds SEAL and runs on the copy, which is authoritative for the key from then on (a
-//! success there is mirrored back into the old leaf for crash consistency; docs/design.md
-//! "NBTree", sealing).
+//! COPY/SYNC describe its role as a *target*). Deletes and updates commit in a leaf only inside
+//! the slot's BUSY section and only while the slot is unsealed; every sync-phase thread seals
+//! each committed slot (waiting out BUSY) before it reads the old leaf. So a write either
+//! committed before the sync pass read the slot (the pass, or the write's own sync-on-write,
+//! carries it to the copy), or it finds SEAL and runs on the copy, which is authoritative for
+//! the key from then on (a delete's success there is mirrored back into the old leaf for crash
+//! consistency; an update first helps the SMO through its PM link, so that its write on the copy
+//! is durable; docs/design.md "NBTree", sealing).
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -247,16 +248,21 @@ impl LeafMeta {
         (e.key.load(Ordering::Acquire) == key).then_some(v)
     }
 
-    /// Stores `v` into slot `i` as a direct write, honouring the slot's sync tag.
-    pub fn direct_store(&self, blk: &Block<'_>, i: usize, v: u64) {
-        let tag = &self.tags[i];
-        // ORDERING: Acquire; pairs with the Release of a tag holder.
-        if tag.load(Ordering::Acquire) & TAG_STATE == 0 {
-            // ORDERING: Release; pairs with the Acquire loads of readers.
-            blk.entry(i).val.store(v, Ordering::Release);
-            return;
-        }
-        self.tagged_store(i, |_| true, 0, || blk.entry(i).val.store(v, Ordering::Release));
+    /// An update's direct write of `v` into slot `i`: inside the slot's BUSY section, and only
+    /// while the slot is unsealed (false when sealed: the leaf's SMO is in its sync phase, the
+    /// copy is authoritative, and nothing is stored). The tag state drops to 0 (a direct write:
+    /// the sync phase of the SMO that made this leaf never overwrites it).
+    ///
+    /// The tag CAS is the update's half of the handshake the sync phase's [`LeafMeta::seal`]
+    /// makes (deletes make it too): two RMWs on one word are totally ordered, so either this
+    /// section comes first — the sealer waits out BUSY and its later read of the slot sees `v`
+    /// — or the seal does, and the update stores nothing here. A plain store followed by the
+    /// update's load of the SMO state gave no such order (x86-TSO lets the load pass the
+    /// store): both sides could miss each other and the value die with the retired leaf (R1).
+    pub fn write_unsealed(&self, blk: &Block<'_>, i: usize, v: u64) -> bool {
+        // ORDERING: Release; pairs with the Acquire loads of readers.
+        let store = || blk.entry(i).val.store(v, Ordering::Release);
+        self.unsealed_with(i, 0, store).is_some()
     }
 
     /// If slot `i`'s tag satisfies `cond`, takes it (BUSY), runs `store`, and releases it with
@@ -331,6 +337,12 @@ impl LeafMeta {
     /// Runs `f` holding slot `i`'s BUSY bit, unless the slot is sealed (`None`). The tag's state
     /// bits are kept; the version is bumped.
     pub fn unsealed<R>(&self, i: usize, f: impl FnOnce() -> R) -> Option<R> {
+        self.unsealed_with(i, TAG_STATE, f)
+    }
+
+    /// [`LeafMeta::unsealed`], keeping only the state bits in `keep` (0: the slot becomes a
+    /// direct write's).
+    fn unsealed_with<R>(&self, i: usize, keep: u32, f: impl FnOnce() -> R) -> Option<R> {
         let tag = &self.tags[i];
         loop {
             // ORDERING: Acquire; pairs with the Release of the previous holder.
@@ -339,14 +351,18 @@ impl LeafMeta {
                 return None;
             }
             if t & TAG_BUSY != 0 {
+                // A BUSY section is one store or CAS (two loads and a store for a sync): a
+                // wait as long as the holder's few instructions, unless it is preempted.
                 std::hint::spin_loop();
                 continue;
             }
-            // ORDERING: Acquire on success, as the load above.
+            // ORDERING: Acquire on success, as the load above; as an RMW it is also the
+            // store-load fence of the seal handshake (see write_unsealed).
             if tag.compare_exchange(t, t | TAG_BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 let r = f();
+                let kept = (t & !TAG_STATE) | (t & keep);
                 // ORDERING: Release; publishes what `f` wrote to the sealer's Acquire.
-                tag.store(t.wrapping_add(TAG_VER), Ordering::Release);
+                tag.store(kept.wrapping_add(TAG_VER), Ordering::Release);
                 return Some(r);
             }
         }

@@ -16,6 +16,43 @@
 //!
 //! Formats, the SMO protocol and its crash states: docs/design.md, section "NBTree".
 //!
+//! # Progress: what is lock-free and what waits
+//!
+//! The paper calls NBTree lock-free. In this implementation, exactly:
+//!
+//! - **Lock-free (no step waits for another thread):** searches through the inner nodes
+//!   ([`inner::Inner::step`]: no version validation, no retry of a node — a writer parked in
+//!   the middle of a shift delays no reader); leaf searches, including sync-on-read; the SMO's
+//!   sync and link phases on the leaf level, which any thread can run or finish (cooperative
+//!   SMO, each hand-over one CAS).
+//! - **Waits, each bounded by a few instructions of the thread waited for** (short unless that
+//!   thread is preempted; none of them waits for anything in turn):
+//!   - a slot's BUSY bit ([`leaf::LeafMeta::tagged_store`], `unsealed`, `seal`): held for one
+//!     value store or key CAS (two loads and a store for a sync);
+//!   - the copy phase's wait for the pending bits ([`leaf::LeafMeta::wait_pending`]) and an
+//!     insert's wait for a same-fingerprint slot that is pending: a committed insert between
+//!     its commit CAS and the end of its key store and flush.
+//! - **Locks:**
+//!   - inner-node *writers* (an SMO's parent update, inner splits) serialise per node on the
+//!     HTM fallback's version word ([`inner::htm`]; the paper uses HTM, itself not lock-free);
+//!     spin, then yield;
+//!   - the variants [`Variant::W`] and [`Variant::WR`] take per-leaf locks by design (Fig. 14).
+//! - **Sleeps:** only when PM runs out — a copy phase that cannot begin its Calloc SMO retries
+//!   unpinned for up to 5 s (`RESERVE_PATIENCE`) for a log slot to come back before it reports
+//!   `OutOfSpace` (see `pinned`). An insert into a full leaf whose SMO cannot start fails and
+//!   leaves the leaf as it was: its slot counter never passes the slot count.
+//!
+//! # Pause and failure points (tests only, docs/design.md §12)
+//!
+//! `nbtree.find_leaf.child` (a descent holds a leaf read from its parent), `nbtree.insert.claim`
+//! (an insert before it claims a slot), `nbtree.update.store_buffered` (failure point: stand-in
+//! for an update's store still in the store buffer), `nbtree.update.checked` (an update after
+//! its sync-on-write), `nbtree.delete.redirected` (a delete of a sealed slot, done in the copy,
+//! not yet mirrored), `nbtree.smo.alloc` (failure point: the SMO's allocation fails),
+//! `nbtree.smo.sealed` (sync phase: slots sealed, pass not run), `nbtree.smo.linked_pred` (link
+//! phase: the predecessor points at the copy, the parent not yet), `nbtree.inner.shifted` (an
+//! inner-node insert with its entries shifted, the new one not yet written).
+//!
 //! ```
 //! use numakv_index::{Engine, Index};
 //! use numakv_nbtree::{NbTree, NbTreeOptions};
@@ -39,6 +76,32 @@ mod recovery;
 mod scan;
 mod smo;
 mod tree;
+
+/// Hooks for the interleaving tests (`tests/interleavings.rs`): state a schedule needs that the
+/// public API cannot reach. Compiled only with the `failpoints` feature (tests).
+#[cfg(feature = "failpoints")]
+pub mod testing {
+    use std::sync::atomic::Ordering;
+
+    use numakv_pmem::alloc::epoch;
+
+    use crate::NbTree;
+
+    /// The slot-claim counter (`num`) of the leaf that holds `key`'s range.
+    pub fn leaf_claims(tree: &NbTree, key: u64) -> u32 {
+        let g = epoch::pin();
+        // ORDERING: Relaxed; a test reads it at quiescence.
+        tree.find_leaf(key, &g).num.load(Ordering::Relaxed)
+    }
+
+    /// Overwrites that counter: stands in for the claims of 2^32 failed inserts, which a test
+    /// cannot make one by one.
+    pub fn set_leaf_claims(tree: &NbTree, key: u64, num: u32) {
+        let g = epoch::pin();
+        // ORDERING: Relaxed; the test's later operations are ordered by its own joins.
+        tree.find_leaf(key, &g).num.store(num, Ordering::Relaxed);
+    }
+}
 
 use std::collections::HashSet;
 use std::str::FromStr;

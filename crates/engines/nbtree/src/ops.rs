@@ -106,16 +106,20 @@ impl NbTree {
             }
             let blk = self.blk(leaf.data);
             if let Some(i) = leaf.find(&blk, key) {
-                if upsert {
-                    self.write_existing(leaf, i, key, value, g);
+                if upsert && !self.write_existing(leaf, i, key, value, g) {
+                    // Sealed: finish the SMO (under NBTree-W(R)'s lock too: a helping scan
+                    // may have begun it), then retry on the new leaf.
+                    self.smo(leaf, g)?;
+                    continue;
                 }
                 return Ok(false);
             }
             match self.leaf_insert(leaf, key, value)? {
                 InsertOutcome::Inserted => return Ok(true),
                 InsertOutcome::Present(i) => {
-                    if upsert {
-                        self.write_existing(leaf, i, key, value, g);
+                    if upsert && !self.write_existing(leaf, i, key, value, g) {
+                        self.smo(leaf, g)?; // sealed, as above
+                        continue;
                     }
                     return Ok(false);
                 }
@@ -131,14 +135,20 @@ impl NbTree {
 
     /// The leaf part of Algorithm 1.
     fn leaf_insert(&self, leaf: &LeafMeta, key: u64, value: u64) -> Result<InsertOutcome> {
+        numakv_pmem::pause_point!("nbtree.insert.claim");
+        // Claim a slot only while one is left: `num` never exceeds the slot count. (A plain
+        // `fetch_add` counted every failed claim; with the leaf full and its SMO unable to start
+        // — no PM — 2^32 failed inserts wrapped it to 0 and the next one overwrote slot 0.)
         // ORDERING: Relaxed; `num` only hands out distinct slots, the commit CAS publishes.
-        let pos = leaf.num.fetch_add(1, Ordering::Relaxed) as usize;
-        if pos >= self.slots {
+        let claim = leaf.num.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            ((n as usize) < self.slots).then(|| n + 1)
+        });
+        let Ok(pos) = claim.map(|n| n as usize) else {
             // ORDERING: SeqCst; Dekker pair with the link phase of the successor (it CASes our
             // `next`, then reads this bit; our copy reads `next` after setting it).
             leaf.bitmap.fetch_or(SMO_BIT, Ordering::SeqCst);
             return Ok(InsertOutcome::Smo);
-        }
+        };
         let blk = self.blk(leaf.data);
         let e = blk.entry(pos);
         // The slot's key is still 0: the value alone is no entry, in DRAM or after a crash.
@@ -245,31 +255,56 @@ impl NbTree {
             }
             let blk = self.blk(leaf.data);
             let Some(i) = leaf.find(&blk, key) else { return Ok(false) };
-            self.write_existing(leaf, i, key, value, g);
-            return Ok(true);
+            if self.write_existing(leaf, i, key, value, g) {
+                return Ok(true);
+            }
+            // Sealed: the copy decides. Finish the SMO (its PM link makes a write on the copy
+            // durable) and retry from the root, which now leads past the old leaf.
+            self.smo(leaf, g)?;
+            drop(_w);
+            leaf = self.find_leaf(key, g);
         }
     }
 
-    /// In-place update of slot `i` of `leaf`, then sync-on-write along the chain of SMO copies.
+    /// In-place update of slot `i` of `leaf`, then sync-on-write along the chain of SMO copies;
+    /// false (nothing written) when the slot is sealed: the caller helps the SMO to completion
+    /// and retries on the new leaf.
     ///
-    /// Updates always write the leaf they found first (the paper's rule: before the SMO's PM
-    /// link only the old leaf survives a crash), sealed or not, and always succeed. A writer
-    /// preempted across the leaf's SMO may find, walking the copies, that a delete on a copy
-    /// removed the instance it wrote: it still reports success, linearized just before that
-    /// delete (which lies inside its interval). It must not report "absent": its value was
-    /// visible in the old leaf from its store on (readers of a leaf in its copy phase, and
-    /// sync-on-read, take the old leaf's value), so a reader may already have returned it — a
-    /// loop at `NUMAKV_TEST_SCALE=4` caught exactly that when this path returned false
-    /// (docs/design.md "NBTree", Open items).
-    fn write_existing<'g>(&self, leaf: &'g LeafMeta, i: usize, key: u64, value: u64, g: &'g Guard) {
+    /// An update stores into the leaf it found only while the slot is unsealed, in the slot's
+    /// BUSY section ([`LeafMeta::write_unsealed`]), exactly as deletes commit. So every
+    /// update's value is either in the old leaf before the sync pass reads it (the pass or the
+    /// update's own sync-on-write carries it to the copy) or written on the copy after the
+    /// SMO's PM link (the help makes sure of the link: until then only the old block survives
+    /// a crash). Before, updates wrote sealed slots too, which lost acknowledged updates in
+    /// three ways (docs/design.md "NBTree", Update): a store still buffered when the update
+    /// looked for a copy (R1), a write into the old leaf inside a redirected delete's window
+    /// that a completed read had already seen removed (R2), and a write into the old leaf after
+    /// a direct write on the copy, which sync-on-write then skipped (R3).
+    fn write_existing<'g>(
+        &self,
+        leaf: &'g LeafMeta,
+        i: usize,
+        key: u64,
+        value: u64,
+        g: &'g Guard,
+    ) -> bool {
         let blk = self.blk(leaf.data);
-        leaf.direct_store(&blk, i, value);
+        // The R1 test's stand-in for a value store still in the store buffer: before the fix it
+        // delayed the (plain) store past the SMO check below, as x86-TSO may. Here the store is
+        // inside the BUSY section, which TSO cannot let it outlive (the tag's release is a later
+        // store), so the point has nothing to delay.
+        let _store_buffered = numakv_pmem::fail_point!("nbtree.update.store_buffered");
+        if !leaf.write_unsealed(&blk, i, value) {
+            return false;
+        }
         // PERSIST: one flush per update (ADR).
         self.pool.persist_obj(blk.entry(i));
         // What sync-on-write touches exists only because of an SMO: counted as the SMO's share
         // of PM accesses.
         let _acct = account::smo_scope();
         self.sync_on_write(leaf, i, key, g);
+        numakv_pmem::pause_point!("nbtree.update.checked");
+        true
     }
 
     /// Sync-on-write: while the leaf written has an SMO copy, bring the copy's entry up to date
@@ -349,6 +384,7 @@ impl NbTree {
                 None => {
                     let tgt = self.copy_target(self.meta(leaf.copy_ptr(), g), key, g);
                     let deleted = self.delete_from(tgt, key, g)?;
+                    numakv_pmem::pause_point!("nbtree.delete.redirected");
                     let _acct = account::smo_scope(); // the mirror: the SMO's share
                     if deleted {
                         // Mirror into the old leaf, after the copy decided: until the SMO's PM
@@ -463,9 +499,9 @@ mod tests {
     }
 
     /// update(k) that found `k` in a leaf before the leaf's whole SMO, after a delete on the
-    /// copy removed `k`: it succeeds (linearized just before the delete, inside its interval;
-    /// it may not report "absent", since its store in the old leaf is visible to readers of a
-    /// leaf in its copy or sync phase), and its value never reappears: the key stays removed.
+    /// copy removed `k`: the old slot is sealed, so it stores nothing there, follows the SMO
+    /// to the copy and reports "absent" (it runs after the delete); its value never appears.
+    /// (Before sealing applied to updates it wrote the retired leaf and returned true.)
     #[test]
     fn stale_update_after_smo_and_delete_leaves_the_key_removed() {
         for coupled in [false, true] {
@@ -473,7 +509,7 @@ mod tests {
             let g = epoch::pin();
             let old = stale_leaf(&t, &g);
             assert!(t.remove(2).unwrap());
-            assert!(t.update_from(old, 2, 77, &g).unwrap(), "coupled={coupled}");
+            assert!(!t.update_from(old, 2, 77, &g).unwrap(), "coupled={coupled}");
             assert_eq!(t.get(2).unwrap(), None);
             assert!(!t.remove(2).unwrap());
             let mut out = Vec::new();
@@ -514,7 +550,7 @@ mod tests {
         // (it saw no copy and left the value to the sync phase): its store, alone.
         blk.entry(new_slot).val.store(55, std::sync::atomic::Ordering::Release);
         // The stale update of the removed instance.
-        t.write_existing(leaf, old_slot, 2, 77, &g);
+        assert!(t.write_existing(leaf, old_slot, 2, 77, &g)); // unsealed: no sync phase yet
         t.smo(leaf, &g).unwrap();
         assert_eq!(t.get(2).unwrap(), Some(55));
         drop(g);

@@ -168,6 +168,11 @@ impl NbTree {
         let two = live.len() > self.slots / 2 && live.len() >= 2;
         let split = if two { live[live.len() / 2].0 } else { leaf.high };
         let n = if two { 2 } else { 1 };
+        if numakv_pmem::fail_point!("nbtree.smo.alloc") {
+            // Test hook: the SMO's allocation fails as on a full pool.
+            let requested = (n * self.shape.block_size()) as u64;
+            return Err(numakv_pmem::PoolError::OutOfSpace { node: 0, requested }.into());
+        }
         let smo = match take_reservation(&self.calloc, leaf.data, n) {
             Some(smo) => smo,
             None => match self.calloc.smo_begin(&[leaf.data], n) {
@@ -298,6 +303,7 @@ impl NbTree {
             bits &= bits - 1;
             leaf.seal(i);
         }
+        numakv_pmem::pause_point!("nbtree.smo.sealed");
         // Each copied slot's old slot (`src`), inverted: the copy of old slot `i`. An old slot
         // holds one key for life (a key only goes to 0) and no insert commits once the SMO bit
         // is set, so the copy of a key still live in old slot `i` is exactly `copy_of[i]`, and a
@@ -426,6 +432,8 @@ impl NbTree {
             self.pool.persist_obj(&pb.head.next);
             let _ =
                 pred.next.compare_exchange(leaf_ptr, nl_ptr, Ordering::SeqCst, Ordering::SeqCst);
+            // The copy is reachable along `next`; the parent still names the old leaf.
+            numakv_pmem::pause_point!("nbtree.smo.linked_pred");
             if pred.bitmap.load(Ordering::SeqCst) & crate::leaf::SMO_BIT != 0 {
                 // Cooperative SMO: the predecessor's copy may carry our stale pointer.
                 self.smo(pred, g)?;

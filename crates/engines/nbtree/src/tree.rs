@@ -55,6 +55,8 @@ impl NbTree {
                 Step::Child(c) => n = self.inner(c as *mut Inner, g),
             }
         };
+        // A descent holding a leaf it read from a parent long ago (a preempted thread).
+        numakv_pmem::pause_point!("nbtree.find_leaf.child");
         self.settle(self.meta(leaf, g), key, g)
     }
 
