@@ -94,6 +94,11 @@ pub mod testing {
         tree.find_leaf(key, &g).num.load(Ordering::Relaxed)
     }
 
+    /// (leaves, inner nodes) counted by walking the structure (at quiescence).
+    pub fn count_nodes(tree: &NbTree) -> (u64, u64) {
+        tree.count_nodes()
+    }
+
     /// Overwrites that counter: stands in for the claims of 2^32 failed inserts, which a test
     /// cannot make one by one.
     pub fn set_leaf_claims(tree: &NbTree, key: u64, num: u32) {
@@ -202,6 +207,11 @@ struct Counters {
     sync_on_write: AtomicU64,
     sync_on_read: AtomicU64,
     inner_splits: AtomicU64,
+    /// Leaf metadata records linked into the tree (published by an SMO's copy, unlinked at
+    /// retire; retired ones awaiting their grace period are not counted).
+    live_leaves: AtomicU64,
+    /// Inner nodes (never freed while the tree lives: NBTree has no merges).
+    inner_nodes: AtomicU64,
 }
 
 /// An NBTree in a pool; see the [crate docs](crate).
@@ -254,7 +264,7 @@ impl NbTree {
         root: *mut Inner,
         head: *mut LeafMeta,
     ) -> NbTree {
-        NbTree {
+        let tree = NbTree {
             pool,
             calloc,
             slots: shape.slots,
@@ -264,7 +274,44 @@ impl NbTree {
             root: AtomicPtr::new(root),
             head: AtomicPtr::new(head),
             counters: Counters::default(),
+        };
+        // From here on the counts are maintained where nodes are linked and unlinked.
+        let (leaves, inners) = tree.count_nodes();
+        // ORDERING: Relaxed; counters, published with the handle.
+        tree.counters.live_leaves.store(leaves, Ordering::Relaxed);
+        tree.counters.inner_nodes.store(inners, Ordering::Relaxed);
+        tree
+    }
+
+    /// Leaves along the leaf list and inner nodes level by level (leftmost child, then
+    /// siblings): the structure walked, for the counters at open and for tests. Needs a tree
+    /// no one else changes meanwhile.
+    pub(crate) fn count_nodes(&self) -> (u64, u64) {
+        let g = epoch::pin();
+        let mut leaves = 0;
+        // ORDERING: Acquire; pairs with the Release/SeqCst stores that link nodes.
+        let mut p = self.head.load(Ordering::Acquire);
+        while !p.is_null() {
+            leaves += 1;
+            p = self.meta(p, &g).next_ptr();
         }
+        let mut inners = 0;
+        let mut level: *const Inner = self.root.load(Ordering::Acquire);
+        loop {
+            // SAFETY: inner nodes live as long as the tree.
+            let first = unsafe { &*level };
+            let mut n: *const Inner = first;
+            while !n.is_null() {
+                inners += 1;
+                // SAFETY: as above.
+                n = unsafe { &*n }.sibling.load(Ordering::Acquire);
+            }
+            if first.level == 1 {
+                break;
+            }
+            level = first.leftmost.load(Ordering::Acquire) as *const Inner;
+        }
+        (leaves, inners)
     }
 
     /// Runs `op` pinned.
@@ -323,6 +370,18 @@ impl NbTree {
                 r => return r,
             }
         }
+    }
+
+    /// DRAM the tree's index structure holds: the leaf metadata records linked into the tree
+    /// (fingerprints, tags, bitmap, `num`, pointers: all inline in [`LeafMeta`]) and the inner
+    /// nodes, at their `size_of`. Not counted: retired leaves waiting for their grace period,
+    /// the heap allocator's own overhead, Calloc's volatile free lists, and per-thread state.
+    pub fn dram_bytes(&self) -> u64 {
+        // ORDERING: Relaxed; statistics.
+        let leaves = self.counters.live_leaves.load(Ordering::Relaxed);
+        let inners = self.counters.inner_nodes.load(Ordering::Relaxed);
+        leaves * std::mem::size_of::<LeafMeta>() as u64
+            + inners * std::mem::size_of::<Inner>() as u64
     }
 
     /// Entries per leaf.
@@ -398,7 +457,7 @@ impl Index for NbTree {
         let blocks: u64 = s.nodes.iter().map(|n| n.allocated_blocks).sum();
         EngineStats {
             pm_bytes_per_node: s.nodes.iter().map(|n| n.allocated_blocks * bs).collect(),
-            dram_bytes: blocks * (std::mem::size_of::<LeafMeta>() as u64 + 5 * self.slots as u64),
+            dram_bytes: self.dram_bytes(),
             counters: vec![
                 ("smos", get(&c.smos)),
                 ("smo_helps", get(&c.smo_helps)),

@@ -236,6 +236,8 @@ impl NbTree {
         ) {
             Ok(_) => {
                 self.counters.smos.fetch_add(1, Ordering::Relaxed);
+                // The new leaves are part of the tree from here (the old one until retire).
+                self.counters.live_leaves.fetch_add(n as u64, Ordering::Relaxed);
             }
             Err(_) => {
                 // Another copier won; ours was never visible.
@@ -515,6 +517,7 @@ impl NbTree {
         // Hand the deferred frees to the global queue now, so that the log slot returns after
         // the grace period instead of waiting for the thread-local bag to fill.
         g.flush();
+        self.counters.live_leaves.fetch_sub(1, Ordering::Relaxed);
         let p = SendPtr(leaf as *const LeafMeta as *mut LeafMeta);
         // SAFETY: the leaf is unlinked from the leaf list and its parent; readers that still
         // hold it are pinned, and the destructor runs after they unpin. Box::into_raw origin.

@@ -143,6 +143,7 @@ impl NbTree {
         }
         let sib = Box::into_raw(sib);
         self.counters.inner_splits.fetch_add(1, Ordering::Relaxed);
+        self.counters.inner_nodes.fetch_add(1, Ordering::Relaxed);
         // ORDERING: Acquire; the root only changes inside the root's transaction, which we hold
         // if `node` is the root.
         if std::ptr::eq(self.root.load(Ordering::Acquire), node) {
@@ -152,6 +153,7 @@ impl NbTree {
             r.count.store(1, Ordering::Relaxed);
             // ORDERING: Release; publishes the new root's contents to the Acquire in root_node.
             self.root.store(Box::into_raw(Box::new(r)), Ordering::Release);
+            self.counters.inner_nodes.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         Some((sep, sib))
