@@ -137,6 +137,21 @@ const VARIANTS: &[Variant] = &[
                       kept in PM with the key-value entries",
     },
     Variant {
+        name: "nbtree-naive",
+        kind: EngineKind::NbTree,
+        settings: &[("allocator", "naive")],
+        description: "NBTree over the naive bump allocator (papers/nbtree.txt §VI-A, Fig. 15's \
+                      ceiling): leaf blocks never freed, not recoverable",
+    },
+    Variant {
+        name: "nbtree-pageheap",
+        kind: EngineKind::NbTree,
+        settings: &[("allocator", "page-heap")],
+        description: "NBTree over the pool's page heap (Fig. 15's general-purpose allocators): \
+                      a 4 KiB page per leaf block, persistent page metadata, freed after the \
+                      grace period; not recoverable",
+    },
+    Variant {
         name: "f3tree-n",
         kind: EngineKind::F3Tree,
         settings: &[("evaluation", "batched:1024")],
@@ -231,7 +246,11 @@ impl Target for EngineTarget {
 
     fn open(&self, env: &TargetEnv) -> Result<Box<dyn TargetInstance>> {
         let nodes = env.topology.node_count();
-        let page = numakv::Options::default().page_size;
+        // The page heap gives an NBTree leaf block whole pages: small ones (NBTree refuses a
+        // page far larger than its block).
+        let page_heap_blocks =
+            self.options.values().iter().any(|(k, v)| *k == "allocator" && v == "page-heap");
+        let page = if page_heap_blocks { 4096 } else { numakv::Options::default().page_size };
         let capacity = env
             .max_keys
             .saturating_mul(BYTES_PER_KEY)
@@ -240,6 +259,7 @@ impl Target for EngineTarget {
         // Round up to the page-heap page so the last page is whole.
         let capacity = capacity.div_ceil(page) * page;
         let opts = Options::default()
+            .page_size(page)
             .nodes(nodes)
             .capacity_per_node(capacity)
             .mode(env.persist)

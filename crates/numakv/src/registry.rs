@@ -795,6 +795,12 @@ impl EngineConfig for NbTreeOptions {
             help: "true: coupled leaves (metadata also in a PM line per leaf, Fig. 13); \
                    false: decoupled (the paper's design)",
         },
+        OptionKey {
+            key: "allocator",
+            help: "leaf block allocator (Fig. 15): calloc (the paper's, recoverable) | naive \
+                   (bump, never freed) | page-heap (needs page_size 4096); naive and page-heap \
+                   stores cannot be reopened",
+        },
     ];
 
     options_variant!(NbTree);
@@ -817,6 +823,9 @@ impl EngineConfig for NbTreeOptions {
                     .parse()
                     .map_err(|_| format!("coupled: {value:?} is not true or false"))?;
             }
+            "allocator" => {
+                self.allocator = value.parse().map_err(|e| format!("allocator: {e}"))?;
+            }
             _ => return Err(unknown_key(key, Self::KEYS)),
         }
         Ok(())
@@ -827,6 +836,7 @@ impl EngineConfig for NbTreeOptions {
             ("leaf_slots", self.leaf_slots.to_string()),
             ("variant", self.variant.name().to_string()),
             ("coupled", self.coupled.to_string()),
+            ("allocator", self.allocator.name().to_string()),
         ]
     }
 }

@@ -68,9 +68,11 @@ pub const MIN_SLOTS: usize = 2;
 pub const DEFAULT_SLOTS: usize = 63;
 
 /// "NBT1" in the high half of the format word; the low byte holds the slot count, bit 8 the
-/// coupled-leaf layout.
+/// coupled-leaf layout, bits 9..11 the block allocator ([`crate::LeafAllocator`]; 0 = Calloc).
 const META_MAGIC: u64 = 0x4E42_5431 << 32;
 const META_COUPLED: u64 = 1 << 8;
+const META_ALLOC_SHIFT: u32 = 9;
+const META_LOW_BITS: u64 = (1 << 11) - 1;
 
 /// The shape of the key-value blocks (recorded in the format word).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,16 +99,26 @@ impl Shape {
     }
 }
 
-/// The format word recorded at create.
+/// The format word recorded at create (Calloc blocks).
 pub fn meta_word(shape: Shape) -> u64 {
     META_MAGIC | shape.slots as u64 | if shape.coupled { META_COUPLED } else { 0 }
+}
+
+/// The format word of a store whose blocks come from `alloc`.
+pub fn meta_word_with(shape: Shape, alloc: crate::LeafAllocator) -> u64 {
+    meta_word(shape) | alloc.code() << META_ALLOC_SHIFT
+}
+
+/// The block allocator a format word records (`None`: an unknown code).
+pub fn meta_allocator(w: u64) -> Option<crate::LeafAllocator> {
+    crate::LeafAllocator::from_code((w & META_LOW_BITS) >> META_ALLOC_SHIFT)
 }
 
 /// The shape of a format word, `None` if it is not an NBTree word or the count is invalid.
 pub fn decode_meta(w: u64) -> Option<Shape> {
     let slots = (w & 0xff) as usize;
     let coupled = w & META_COUPLED != 0;
-    (w & !0x1ff == META_MAGIC && (MIN_SLOTS..=MAX_SLOTS).contains(&slots))
+    (w & !META_LOW_BITS == META_MAGIC && (MIN_SLOTS..=MAX_SLOTS).contains(&slots))
         .then_some(Shape { slots, coupled })
 }
 

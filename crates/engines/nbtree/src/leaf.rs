@@ -51,7 +51,6 @@
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-use numakv_pmem::alloc::calloc::Smo;
 use numakv_pmem::PPtr;
 use parking_lot::{Mutex, RwLock};
 
@@ -117,7 +116,7 @@ pub struct LeafMeta {
     pub pair: *mut LeafMeta,
     /// In the first new leaf of an SMO: the Calloc SMO that allocated it, committed by whoever
     /// completes the link phase (set before the copy is published).
-    pub smo: Mutex<Option<Smo>>,
+    pub(crate) smo: Mutex<Option<crate::alloc::SmoBlocks>>,
     /// Node-grained lock of the NBTree-W / NBTree-WR variants (unused by NBTree).
     pub lock: RwLock<()>,
 }

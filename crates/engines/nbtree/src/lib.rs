@@ -68,6 +68,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod alloc;
 pub mod inner;
 pub mod layout;
 pub mod leaf;
@@ -120,6 +121,7 @@ use numakv_pmem::alloc::calloc::{Calloc, CallocConfig};
 use numakv_pmem::alloc::epoch;
 use numakv_pmem::{Pool, PoolError};
 
+pub use crate::alloc::LeafAllocator;
 use crate::inner::{leaf_word, Inner};
 use crate::layout::{Block, Shape, DEFAULT_SLOTS, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
 use crate::leaf::LeafMeta;
@@ -181,6 +183,10 @@ pub struct NbTreeOptions {
     /// kept in a PM line of each block, written on every insert and read on every search.
     /// Shapes the format: recorded at create, the stored value wins at open.
     pub coupled: bool,
+    /// Allocator of the key-value blocks (§VI-F, Fig. 15): Calloc (default, the paper's),
+    /// naive (bump, never freed) or the page heap. Recorded at create; naive and page-heap
+    /// stores cannot be reopened (measurement stores, see [`LeafAllocator`]).
+    pub allocator: LeafAllocator,
     /// Test hook: yield the CPU between the SMO's phases and steps, widening the windows in
     /// which concurrent operations meet an SMO in each phase (stress tests). Off by default;
     /// per session, not settable through the facade.
@@ -193,6 +199,7 @@ impl Default for NbTreeOptions {
             leaf_slots: DEFAULT_SLOTS,
             variant: Variant::LockFree,
             coupled: false,
+            allocator: LeafAllocator::Calloc,
             smo_yield: false,
         }
     }
@@ -219,6 +226,8 @@ struct Counters {
 pub struct NbTree {
     pool: Arc<Pool>,
     calloc: Arc<Calloc>,
+    /// The blocks' allocator when it is not Calloc (`None`: Calloc).
+    plain: Option<alloc::Plain>,
     slots: usize,
     shape: Shape,
     variant: Variant,
@@ -238,6 +247,11 @@ unsafe impl Sync for NbTree {}
 
 /// How long [`NbTree::reserve_patiently`] waits for a Calloc log slot.
 const RESERVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Bytes per node the naive allocator reserves: most of the node (it never frees).
+fn naive_bytes(pool: &Pool) -> u64 {
+    pool.capacity() / pool.nodes() as u64 / 100 * 80
+}
 
 /// Calloc geometry for a pool: blocks of one leaf, chunks of `chunk_blocks` blocks (512: one
 /// bitmap line each; fewer for small pools), as many chunks as fit in `share` of a node.
@@ -259,6 +273,7 @@ impl NbTree {
     fn new_handle(
         pool: Arc<Pool>,
         calloc: Arc<Calloc>,
+        plain: Option<alloc::Plain>,
         shape: Shape,
         opts: &NbTreeOptions,
         root: *mut Inner,
@@ -267,6 +282,7 @@ impl NbTree {
         let tree = NbTree {
             pool,
             calloc,
+            plain,
             slots: shape.slots,
             shape,
             variant: opts.variant,
@@ -399,7 +415,16 @@ impl NbTree {
         self.variant
     }
 
-    /// The Calloc allocator holding the key-value blocks.
+    /// The allocator of the key-value blocks.
+    pub fn allocator(&self) -> LeafAllocator {
+        match &self.plain {
+            None => LeafAllocator::Calloc,
+            Some(alloc::Plain::Naive(_)) => LeafAllocator::Naive,
+            Some(alloc::Plain::PageHeap { .. }) => LeafAllocator::PageHeap,
+        }
+    }
+
+    /// The Calloc allocator (holding the key-value blocks when [`NbTree::allocator`] is Calloc).
     pub fn calloc(&self) -> &Arc<Calloc> {
         &self.calloc
     }
@@ -455,8 +480,16 @@ impl Index for NbTree {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let blocks: u64 = s.nodes.iter().map(|n| n.allocated_blocks).sum();
+        let pm_bytes_per_node = match &self.plain {
+            None => s.nodes.iter().map(|n| n.allocated_blocks * bs).collect(),
+            Some(p) => (0..self.pool.nodes())
+                .map(|node| {
+                    p.naive_used(node).unwrap_or_else(|| self.pool.used_bytes(node).unwrap_or(0))
+                })
+                .collect(),
+        };
         EngineStats {
-            pm_bytes_per_node: s.nodes.iter().map(|n| n.allocated_blocks * bs).collect(),
+            pm_bytes_per_node,
             dram_bytes: self.dram_bytes(),
             counters: vec![
                 ("smos", get(&c.smos)),
@@ -488,12 +521,20 @@ impl Engine for NbTree {
         let shape = Shape { slots, coupled: opts.coupled };
         // Leaves get most of each node; a smaller pool is retried with fewer chunks, then with
         // smaller chunks (a tiny pool cannot hold even one chunk of 512 1 KB blocks).
-        let (mut share, mut chunk_blocks) = (85, 512);
+        // With another block allocator Calloc only holds its directory and a token chunk area:
+        // the space goes to that allocator (the naive one reserves its regions up front).
+        let (mut share, mut chunk_blocks) =
+            if opts.allocator == LeafAllocator::Calloc { (85, 512) } else { (1, 64) };
         let (calloc, dir) = loop {
             let cfg = calloc_config(&pool, shape, share, chunk_blocks);
             match Calloc::create(Arc::clone(&pool), cfg) {
                 Ok(c) => break c,
                 Err(PoolError::OutOfSpace { .. }) if share > 10 => share -= 10,
+                Err(PoolError::OutOfSpace { .. })
+                    if share > 1 && opts.allocator != LeafAllocator::Calloc =>
+                {
+                    share = 1
+                }
                 Err(PoolError::OutOfSpace { .. }) if chunk_blocks > 64 => {
                     chunk_blocks /= 2;
                     share = 85;
@@ -505,11 +546,21 @@ impl Engine for NbTree {
         dir_slot.store(dir.raw(), Ordering::Release);
         // PERSIST: the allocator's directory is findable before any block is allocated from it.
         pool.persist_obj(dir_slot);
+        let plain =
+            alloc::Plain::new(&pool, opts.allocator, shape.block_size(), naive_bytes(&pool))?;
         // The first leaf, through a logged SMO with no old block: a crash before the head slot
         // is persisted frees it at the next open... which refuses the store anyway (meta 0).
-        let smo = calloc.smo_begin(&[], 1)?;
-        let first = smo.new_blocks()[0];
-        // SAFETY: a fresh Calloc block of `shape.block_size()` bytes.
+        // (Other allocators: a plain block; their stores are not reopened.)
+        let smo = match &plain {
+            None => Some(calloc.smo_begin(&[], 1)?),
+            Some(_) => None,
+        };
+        let first = match (&smo, &plain) {
+            (Some(smo), _) => smo.new_blocks()[0],
+            (None, Some(p)) => p.alloc(&pool, shape.block_size())?,
+            (None, None) => unreachable!("Calloc stores begin a Calloc SMO above"),
+        };
+        // SAFETY: a fresh block of `shape.block_size()` bytes from the store's allocator.
         let blk = unsafe { Block::at(&pool, first, shape) };
         if shape.coupled {
             // ORDERING: Relaxed; single-threaded create, persisted below.
@@ -529,18 +580,18 @@ impl Engine for NbTree {
         head_slot.store(first.raw(), Ordering::Release);
         // PERSIST: the head is durable before the format word declares the store initialised.
         pool.persist_obj(head_slot);
-        {
+        if let Some(smo) = smo {
             let g = epoch::pin();
             // SAFETY: the new block is linked (head slot) and there is no old block.
             unsafe { smo.commit(&g) };
         }
         let meta = pool.root(SLOT_META)?;
-        meta.store(layout::meta_word(shape), Ordering::Release);
+        meta.store(layout::meta_word_with(shape, opts.allocator), Ordering::Release);
         // PERSIST: the format word last: a store with it set is complete.
         pool.persist_obj(meta);
         let leaf = Box::into_raw(Box::new(LeafMeta::new(slots, first, 0, u64::MAX)));
         let root = Box::into_raw(Box::new(Inner::new(1, leaf_word(leaf), u64::MAX)));
-        Ok(NbTree::new_handle(pool, calloc, shape, opts, root, leaf))
+        Ok(NbTree::new_handle(pool, calloc, plain, shape, opts, root, leaf))
     }
 
     fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, RecoveryReport)> {

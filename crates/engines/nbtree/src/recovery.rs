@@ -21,7 +21,7 @@ use numakv_pmem::{PPtr, Pool};
 use crate::inner::{leaf_word, Inner, INNER_CAP};
 use crate::layout::{self, fingerprint, Block, Shape, ENGINE, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
 use crate::leaf::{LeafMeta, COMMIT_MASK};
-use crate::{NbTree, NbTreeOptions};
+use crate::{LeafAllocator, NbTree, NbTreeOptions};
 
 /// Children per rebuilt inner node (room left for later separators).
 const FILL: usize = INNER_CAP * 3 / 4;
@@ -120,6 +120,16 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, Rec
     let shape = layout::decode_meta(meta).ok_or_else(|| {
         Error::corrupted(ENGINE, format!("format word {meta:#x} is not an nbtree format"))
     })?;
+    match layout::meta_allocator(meta) {
+        Some(LeafAllocator::Calloc) => {}
+        Some(other) => return Err(crate::alloc::not_recoverable(other)),
+        None => {
+            return Err(Error::corrupted(
+                ENGINE,
+                format!("format word {meta:#x}: unknown allocator"),
+            ))
+        }
+    }
     let dir = PPtr::from_raw(pool.root(SLOT_CALLOC)?.load(Ordering::Acquire));
     let head = PPtr::from_raw(pool.root(SLOT_HEAD)?.load(Ordering::Acquire));
     let slots = shape.slots;
@@ -168,7 +178,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NbTreeOptions) -> Result<(NbTree, Rec
     let t_leaves = t0.elapsed();
     let bounds: Vec<(PPtr, u64)> = leaves.iter().map(|l| (l.block, l.low)).collect();
     let root = build_inner(&metas, &bounds);
-    let tree = NbTree::new_handle(pool, calloc, shape, opts, root, metas[0]);
+    let tree = NbTree::new_handle(pool, calloc, None, shape, opts, root, metas[0]);
     let elapsed = t0.elapsed();
     let us = |d: std::time::Duration| d.as_micros() as u64;
     let report = RecoveryReport {
@@ -300,6 +310,16 @@ impl NbTree {
         // Leaves retired by the last SMOs (e.g. a layer's recovery writing into this tree just
         // before) are freed after their grace period; `g` must not hold it up.
         drop(g);
+        if self.plain.is_some() {
+            // Naive and page-heap blocks are not tracked per block (the naive ones never come
+            // back): the reachability check is Calloc's.
+            let reachable = blocks.len() as u64;
+            return Ok(CheckReport {
+                entries,
+                reachable_blocks: reachable,
+                allocated_blocks: reachable,
+            });
+        }
         let allocated = numakv_pmem::alloc::settle_deferred_frees(
             blocks.len() as u64,
             std::time::Duration::from_secs(5),

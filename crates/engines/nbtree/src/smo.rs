@@ -28,6 +28,7 @@ use numakv_pmem::alloc::calloc::{Calloc, Smo};
 use numakv_pmem::alloc::epoch::Guard;
 use numakv_pmem::{account, PPtr};
 
+use crate::alloc::SmoBlocks;
 use crate::inner::leaf_word;
 use crate::layout::{fingerprint, Block, MAX_SLOTS, SLOT_HEAD};
 use crate::leaf::{LeafMeta, FLAG_LINK, FLAG_SYNC, TAG_COPY, TAG_SYNC};
@@ -173,15 +174,20 @@ impl NbTree {
             let requested = (n * self.shape.block_size()) as u64;
             return Err(numakv_pmem::PoolError::OutOfSpace { node: 0, requested }.into());
         }
-        let smo = match take_reservation(&self.calloc, leaf.data, n) {
-            Some(smo) => smo,
-            None => match self.calloc.smo_begin(&[leaf.data], n) {
-                Ok(smo) => smo,
-                Err(e) => {
-                    want_reservation(&self.calloc, leaf.data, n);
-                    return Err(e.into());
-                }
-            },
+        let smo = match &self.plain {
+            Some(plain) => {
+                SmoBlocks::begin_plain(&self.pool, plain, self.shape.block_size(), leaf.data, n)?
+            }
+            None => SmoBlocks::Calloc(match take_reservation(&self.calloc, leaf.data, n) {
+                Some(smo) => smo,
+                None => match self.calloc.smo_begin(&[leaf.data], n) {
+                    Ok(smo) => smo,
+                    Err(e) => {
+                        want_reservation(&self.calloc, leaf.data, n);
+                        return Err(e.into());
+                    }
+                },
+            }),
         };
         let blocks = smo.new_blocks().to_vec();
         // ORDERING: SeqCst pair with the successor's link CAS (see LeafMeta::next_ptr); the PM
@@ -250,8 +256,10 @@ impl NbTree {
                 }
                 let smo = l.smo.get_mut().take();
                 drop(l);
-                if let Some(smo) = smo {
-                    smo.abort();
+                match (smo, &self.plain) {
+                    (Some(SmoBlocks::Calloc(smo)), _) => smo.abort(),
+                    (Some(blocks), Some(plain)) => blocks.abort(&self.pool, plain),
+                    _ => {}
                 }
                 self.counters.copies_lost.fetch_add(1, Ordering::Relaxed);
             }
@@ -512,7 +520,7 @@ impl NbTree {
             // SAFETY: the new blocks are linked in both layers and the parent; the old block is
             // unreachable for new readers, and only this thread (the one that set FLAG_LINK
             // under the parent's transaction) commits it.
-            unsafe { smo.commit(g) };
+            unsafe { smo.commit(&self.pool, self.plain.as_ref(), g) };
         }
         // Hand the deferred frees to the global queue now, so that the log slot returns after
         // the grace period instead of waiting for the thread-local bag to fill.

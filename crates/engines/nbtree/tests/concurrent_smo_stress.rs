@@ -34,7 +34,13 @@ fn run_shape(
     let mut cfg = PoolConfig::new(NbTree::engine_id(), 64 << 20);
     cfg.mode = mode;
     let pool = Pool::volatile(cfg).unwrap();
-    let opts = NbTreeOptions { leaf_slots: slots, variant, coupled, smo_yield: true };
+    let opts = NbTreeOptions {
+        leaf_slots: slots,
+        variant,
+        coupled,
+        smo_yield: true,
+        ..Default::default()
+    };
     let t = Arc::new(NbTree::create(pool, &opts).unwrap());
     let tick = Arc::new(AtomicU64::new(0));
     let start = Arc::new(Barrier::new(THREADS));
