@@ -276,6 +276,8 @@ impl Target for EngineTarget {
             dir,
             opts,
             store: Some(Arc::new(store)),
+            reopenable: !page_heap_blocks
+                && !self.options.values().iter().any(|(k, v)| *k == "allocator" && v == "naive"),
         }))
     }
 }
@@ -287,6 +289,9 @@ struct EngineInstance {
     opts: Options,
     /// `None` only between a failed reopen and the drop.
     store: Option<Arc<Store>>,
+    /// False for measurement stores that cannot be reopened (NBTree over the naive allocator
+    /// or the page heap): `reopen` then answers `None` and leaves the store as it is.
+    reopenable: bool,
 }
 
 impl EngineInstance {
@@ -306,6 +311,9 @@ impl TargetInstance for EngineInstance {
     }
 
     fn reopen(&mut self, how: Reopen) -> Result<Option<Duration>> {
+        if !self.reopenable {
+            return Ok(None);
+        }
         let store = self.store.take().ok_or_else(|| self.err("reopen", "store is gone"))?;
         let store = Arc::try_unwrap(store)
             .map_err(|_| self.err("reopen", "the index is still shared by a worker"))?;

@@ -36,15 +36,27 @@ fn an_engine_instance_keeps_its_contents_across_reopen_and_crash() {
         drop(index);
         for how in [Reopen::Clean, Reopen::Crash] {
             let took = inst.reopen(how).unwrap();
-            assert!(took.is_some(), "{}: {how:?} not timed", target.name());
+            // Only measurement stores (NBTree over the naive allocator or the page heap) may
+            // decline, and then nothing changed (checked below like a reopen).
+            assert!(
+                took.is_some() || target.description().contains("not recoverable"),
+                "{}: {how:?} not timed",
+                target.name()
+            );
             let index = inst.index();
             assert_eq!(index.get(8).unwrap(), Some(24), "{} after {how:?}", target.name());
             assert_eq!(index.get(7).unwrap(), None, "{} after {how:?}", target.name());
             assert_eq!(index.check().unwrap().entries, 2_999, "{} after {how:?}", target.name());
         }
         // A reopen while a worker still holds the index is refused, not a deadlock or a panic.
+        // (Measurement stores decline every reopen with `None`, leaving the store as it is.)
         let held = inst.index();
-        assert!(inst.reopen(Reopen::Clean).is_err());
+        let r = inst.reopen(Reopen::Clean);
+        if target.description().contains("not recoverable") {
+            assert!(matches!(r, Ok(None)), "{}: {r:?}", target.name());
+        } else {
+            assert!(r.is_err(), "{}", target.name());
+        }
         drop(held);
     }
 }
@@ -73,7 +85,10 @@ fn engines_and_peers_run_side_by_side_in_both_modes() {
             assert_eq!(r.ops, 6_000, "{}", r.engine);
             let is_engine = engines::all().iter().any(|t| t.name() == r.engine);
             assert_eq!(r.pm_reads_per_op > 0.0, is_engine, "{}", r.engine);
-            assert_eq!(r.recover_ms.is_some(), is_engine, "{}", r.engine);
+            // Measurement stores (NBTree over naive/page-heap blocks) decline the crash reopen.
+            let reopens =
+                is_engine && !r.engine.ends_with("-naive") && !r.engine.ends_with("-pageheap");
+            assert_eq!(r.recover_ms.is_some(), reopens, "{}", r.engine);
             // Inserts and updates flush in ADR and never in eADR.
             if is_engine {
                 assert_eq!(r.flushes_per_op > 0.0, persist == PersistMode::Adr, "{}", r.engine);
