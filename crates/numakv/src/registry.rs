@@ -852,7 +852,7 @@ impl EngineConfig for F3TreeOptions {
         OptionKey { key: "fo_entries", help: "key-value entries per future object, 1..=4094" },
         OptionKey {
             key: "fo_limit",
-            help: "FOs per thread before the writer waits for evaluation: N | unlimited (Fig. 6)",
+            help: "FOs per thread before the writer waits for evaluation: N >= 2 | unlimited (Fig. 6)",
         },
         OptionKey { key: "evaluators_per_node", help: "evaluate threads per NUMA node (2)" },
         OptionKey {

@@ -162,6 +162,7 @@ fn run(inner: &Inner, node: usize, j: usize) {
 /// Evaluates `l` if it is due: returns the entries processed and whether the (recovered) list
 /// was retired.
 pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
+    numakv_pmem::pause_point!("f3tree.evaluate.drain");
     if l.retired.load(Ordering::Relaxed) {
         return Ok((0, false));
     }

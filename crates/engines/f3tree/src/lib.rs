@@ -15,6 +15,11 @@
 //!
 //! Design, crash states and resolved ambiguities: docs/design.md, section "F3-tree".
 //!
+//! Pause points (docs/design.md §12; `tests/interleavings.rs`):
+//! - `f3tree.evaluate.drain`: an evaluate thread about to look at one of its lists;
+//! - `f3tree.search_ptfos.listed`: a "No Hash" lookup that has listed the PTFO lists and not yet
+//!   walked them.
+//!
 //! ```
 //! use numakv_f3tree::{F3Tree, F3TreeOptions};
 //! use numakv_index::{Engine, Index};
@@ -82,7 +87,7 @@ pub struct F3TreeOptions {
     /// Entries per FO (1..=4094; default 126: a 4 KiB FO).
     pub fo_entries: usize,
     /// FOs a producer's list may hold before the producer waits for the evaluators (the
-    /// paper's FO limit, Fig. 6); `None` = unlimited.
+    /// paper's FO limit, Fig. 6); at least 2 (the head FO is never freed); `None` = unlimited.
     pub fo_limit: Option<usize>,
     /// Evaluate threads per NUMA node (default 2).
     pub evaluators_per_node: usize,
@@ -142,8 +147,13 @@ impl F3TreeOptions {
         if self.evaluators_per_node == 0 {
             return Err(Error::InvalidOptions("evaluators_per_node must be at least 1".into()));
         }
-        if self.fo_limit == Some(0) {
-            return Err(Error::InvalidOptions("fo_limit must be at least 1 (or unlimited)".into()));
+        // A list always keeps its head FO (the producer appends there; `drain` never frees
+        // it), so with a limit of 1 a producer whose only FO is full would wait forever.
+        if matches!(self.fo_limit, Some(n) if n < 2) {
+            return Err(Error::InvalidOptions(
+                "fo_limit must be at least 2 (a list always keeps its head FO) or unlimited"
+                    .into(),
+            ));
         }
         if let Evaluation::NodeBatched { batch: 0 } = self.evaluation {
             return Err(Error::InvalidOptions("a batch must hold at least 1 entry".into()));
@@ -413,9 +423,16 @@ impl Inner {
     /// already walked): a measurement mode for read-only runs, not for mixed workloads.
     fn search_ptfos(&self, key: u64) -> Result<Option<Option<u64>>> {
         let lists: Vec<Arc<List>> = self.lists.read().clone();
+        numakv_pmem::pause_point!("f3tree.search_ptfos.listed");
         let mut best: Option<(u64, Option<u64>)> = None;
         for l in &lists {
             let cur = l.cursor.lock();
+            // A recovered list retired since it was listed: its last FO (`cur.fo`) is freed and
+            // may already be another block. `retired` is set under this cursor lock, so it is
+            // seen here whenever the free happened.
+            if l.retired.load(Ordering::Relaxed) {
+                continue;
+            }
             let head = l.head();
             let mut fo = cur.fo;
             let mut start = cur.idx;

@@ -1,0 +1,160 @@
+//! Forced interleavings of issue 21's two F3-tree bugs (docs/design.md §12): each test parks a
+//! thread at a named point so the window is crossed every time, and each failed on the code
+//! before its fix.
+//!
+//! Each test holds the failpoint registry (`Scenario`) from its first line: points are global
+//! to the process, so the tests of this file run one at a time.
+
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use numakv_f3tree::{F3Tree, F3TreeOptions};
+use numakv_index::{Engine, Error, Index};
+use numakv_pmem::failpoint::Scenario;
+use numakv_pmem::{OpenConfig, Pool, PoolConfig};
+
+fn spawn_named<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    thread::Builder::new().name(name.to_string()).spawn(f).unwrap()
+}
+
+fn counter(t: &F3Tree, name: &str) -> u64 {
+    t.stats().counter(name).unwrap_or(0)
+}
+
+/// Polls `cond` for up to 20 s (a schedule that never gets there is a broken test).
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn is_evaluator() -> bool {
+    thread::current().name().is_some_and(|n| n.starts_with("f3-eval"))
+}
+
+/// `fo_limit = 1` deadlocked: a list always keeps its head FO, so a producer whose one FO is full
+/// waited for a free that never came. The limit is now refused below 2.
+#[test]
+fn fo_limit_below_two_is_refused() {
+    let _sc = Scenario::setup();
+    for limit in [0, 1] {
+        let pool = Pool::volatile(PoolConfig::new(F3Tree::engine_id(), 8 << 20)).unwrap();
+        let opts = F3TreeOptions { fo_limit: Some(limit), ..F3TreeOptions::default() };
+        match F3Tree::create(pool, &opts) {
+            Err(Error::InvalidOptions(why)) => assert!(why.contains("fo_limit"), "{why}"),
+            Err(e) => panic!("fo_limit {limit}: wrong error {e}"),
+            Ok(t) => {
+                // Before the fix: accepted, and the ninth write of a 4-entry-FO list hung.
+                drop(t);
+                panic!("fo_limit {limit} was accepted");
+            }
+        }
+    }
+}
+
+/// At the FO limit the producer waits for the evaluators and resumes once they free an FO: the
+/// evaluators are parked at the start of every evaluation while a producer fills two 4-entry
+/// FOs; its ninth write must wait (it cannot link a third FO); released, the evaluators free the
+/// tail FO and the producer completes.
+#[test]
+fn producers_wait_at_the_fo_limit_and_resume() {
+    let sc = Scenario::setup();
+    let pool = Pool::volatile(PoolConfig::new(F3Tree::engine_id(), 8 << 20)).unwrap();
+    let opts = F3TreeOptions {
+        fo_entries: 4,
+        fo_limit: Some(2),
+        count_threshold: 1,
+        time_threshold: Duration::from_micros(10),
+        ..F3TreeOptions::default()
+    };
+    let t = Arc::new(F3Tree::create(pool, &opts).unwrap());
+    let held = sc.pause_when("f3tree.evaluate.drain", is_evaluator);
+    let producer = {
+        let t = Arc::clone(&t);
+        spawn_named("producer", move || {
+            for k in 1..=20u64 {
+                t.upsert(k, k * 3).unwrap();
+            }
+        })
+    };
+    held.wait_parked();
+    wait_for("the producer to wait at the limit", || counter(&t, "producer_waits") >= 1);
+    thread::sleep(Duration::from_millis(30));
+    assert!(!producer.is_finished(), "the producer went past the FO limit");
+    assert_eq!(counter(&t, "fos"), 2, "the limit bounds the list to two FOs");
+    assert_eq!(counter(&t, "pending_keys"), 8, "two full FOs and no more");
+    held.release();
+    producer.join().unwrap();
+    for k in 1..=20u64 {
+        assert_eq!(t.get(k).unwrap(), Some(k * 3), "key {k}");
+    }
+    assert!(t.wait_drained(Duration::from_secs(20)));
+    assert!(counter(&t, "fos_freed") >= 4, "the evaluators freed FOs to let the producer on");
+    t.check().unwrap();
+    Arc::try_unwrap(t).unwrap().close().unwrap();
+}
+
+/// A "No Hash" lookup walked `cursor.fo` of every list it had listed — including a recovered list
+/// that an evaluator retired meanwhile, whose last FO was freed and reused as a tree node: the
+/// lookup read a tree node as an FO and failed with a corruption error (or, reused as another
+/// list's FO, read entries that are not the list's). Retired lists are now skipped.
+///
+/// The FO is sized like a tree node (14 entries: 64 + 14·32 = 512 bytes) and there is a single
+/// evaluator, so the block the evaluator frees when it retires the list is the next one it takes
+/// for a tree split.
+#[test]
+fn no_hash_lookups_skip_retired_lists() {
+    let sc = Scenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let mut cfg = PoolConfig::new(F3Tree::engine_id(), 16 << 20);
+    cfg.nodes = 1;
+    let base = F3TreeOptions {
+        fo_entries: 14,
+        evaluators_per_node: 1,
+        hash_lookups: false,
+        ..F3TreeOptions::default()
+    };
+    // Session 1: 10 keys stay pending (evaluators never due), then a crash (drop, no close).
+    {
+        let held = F3TreeOptions {
+            count_threshold: u64::MAX,
+            time_threshold: Duration::from_secs(3600),
+            ..base.clone()
+        };
+        let t = F3Tree::create(Pool::create(&path, cfg).unwrap(), &held).unwrap();
+        for k in 1..=10u64 {
+            t.upsert(k, k).unwrap();
+        }
+        drop(t);
+    }
+    // Session 2: the 10 keys are in a recovering list, which the evaluator drains and retires.
+    let reader_at = sc.pause_thread("f3tree.search_ptfos.listed", "reader");
+    let pool = Pool::open(&path, OpenConfig::new(F3Tree::engine_id())).unwrap();
+    let (t, _) = F3Tree::open(pool, &base).unwrap();
+    let t = Arc::new(t);
+    let reader = {
+        let t = Arc::clone(&t);
+        spawn_named("reader", move || t.get(5))
+    };
+    reader_at.wait_parked(); // the reader has listed the recovering list
+    wait_for("the recovered list to be retired", || {
+        counter(&t, "lists") == 0 && counter(&t, "pending_keys") == 0
+    });
+    // New keys: the evaluator splits the tree's only leaf, taking the retired FO's block.
+    for k in 100..400u64 {
+        t.upsert(k, k).unwrap();
+    }
+    assert!(t.wait_drained(Duration::from_secs(20)));
+    reader_at.release();
+    let got = reader.join().unwrap();
+    assert_eq!(got.unwrap(), Some(5), "the lookup read the retired list's freed FO");
+    t.check().unwrap();
+    Arc::try_unwrap(t).unwrap().close().unwrap();
+}
