@@ -1,10 +1,11 @@
 //! Evaluate threads (papers/f3tree.txt §4.2–4.3, Algorithm 1 lines 21–31): the consumers that
 //! checkpoint PTFO entries into the global tree.
 //!
-//! - **Placement.** `evaluators_per_node` threads per node. NUMA-aware: an evaluator of node `n`
-//!   serves only lists whose FOs live on `n` (list slot modulo the per-node count picks which of
-//!   them), and runs as a thread of node `n` — the paper's `NUMA-Eval()`. Non-NUMA variant: the
-//!   evaluators serve the lists by slot modulo their total count, wherever the lists live.
+//! - **Placement** ([`crate::Evaluators`]): F3-tree(N) runs `n` evaluators per node, each pinned
+//!   there and serving only lists of its node (the list's rank modulo the per-node count picks
+//!   which) — the paper's `NUMA-Eval()`; N2 runs two in total, still node-bound; NI runs two in
+//!   total on the first node serving every list; `f3tree-nonuma` runs unpinned evaluators that
+//!   serve any list. An evaluator runs as a thread of its node.
 //! - **Triggers.** A list is evaluated once it holds `count_threshold` unprocessed entries, or has
 //!   any and was last evaluated `time_threshold` ago; always when its producer waits at the FO
 //!   limit, when the engine drains (close), and for lists recovered at open.
@@ -41,63 +42,63 @@ const KEY_BASED_ROUND: usize = 4096;
 /// Starts the evaluate threads.
 pub(crate) fn spawn(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
     let nodes = inner.pool.nodes();
-    let per = inner.opts.evaluators_per_node;
-    // NUMA-aware: each evaluator is pinned to a CPU of its node (the paper binds them with
-    // numactl); emulated nodes map onto the machine's CPUs. The non-NUMA variant's evaluate
-    // threads are not bound.
-    let topology =
-        if inner.opts.numa_aware { numa::Topology::with_nodes(nodes).ok() } else { None };
-    let mut out = Vec::with_capacity(nodes * per);
-    for node in 0..nodes {
-        for j in 0..per {
-            let me = Arc::clone(inner);
-            let cpu = topology
-                .as_ref()
-                .and_then(|t| t.node(node))
-                .filter(|n| !n.cpus.is_empty())
-                .map(|n| n.cpus[j % n.cpus.len()]);
-            let h = std::thread::Builder::new()
-                .name(format!("f3-eval-{node}-{j}"))
-                .spawn(move || {
-                    if let Some(cpu) = cpu {
-                        match numa::pin_current_thread(cpu) {
-                            Ok(()) => me.counters.evaluators_pinned.fetch_add(1, Ordering::Relaxed),
-                            // E.g. a CPU outside this process's cpuset: evaluate unpinned.
-                            Err(_) => me.counters.pin_failures.fetch_add(1, Ordering::Relaxed),
-                        };
-                    }
-                    run(&me, node, j)
-                })
-                .map_err(|e| Error::Unsupported(format!("cannot start an evaluate thread: {e}")));
-            match h {
-                Ok(h) => out.push(h),
-                Err(e) => {
-                    // The threads already started exit on `stop`; join them before failing.
-                    inner.stop.store(true, Ordering::Relaxed);
-                    for h in out {
-                        let _ = h.join();
-                    }
-                    return Err(e);
+    let ev = inner.opts.evaluators;
+    // Pinned evaluators are bound to a CPU of their node (the paper binds them with numactl);
+    // emulated nodes map onto the machine's CPUs.
+    let topology = numa::Topology::with_nodes(nodes).ok();
+    let total = ev.threads(nodes);
+    let mut out = Vec::with_capacity(total);
+    let mut on_node = vec![0usize; nodes];
+    for g in 0..total {
+        let (node, pinned) = ev.node_of(g, nodes);
+        let node = node.min(nodes - 1);
+        let j = on_node[node];
+        on_node[node] += 1;
+        let me = Arc::clone(inner);
+        let cpu = topology
+            .as_ref()
+            .filter(|_| pinned)
+            .and_then(|t| t.node(node))
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| n.cpus[j % n.cpus.len()]);
+        let h = std::thread::Builder::new()
+            .name(format!("f3-eval-{node}-{j}"))
+            .spawn(move || {
+                if pinned {
+                    match cpu.map(numa::pin_current_thread) {
+                        Some(Ok(())) => {
+                            me.counters.evaluators_pinned.fetch_add(1, Ordering::Relaxed)
+                        }
+                        // E.g. a CPU outside this process's cpuset: evaluate unpinned.
+                        _ => me.counters.pin_failures.fetch_add(1, Ordering::Relaxed),
+                    };
                 }
+                run(&me, node, g)
+            })
+            .map_err(|e| Error::Unsupported(format!("cannot start an evaluate thread: {e}")));
+        match h {
+            Ok(h) => out.push(h),
+            Err(e) => {
+                // The threads already started exit on `stop`; join them before failing.
+                inner.stop.store(true, Ordering::Relaxed);
+                for h in out {
+                    let _ = h.join();
+                }
+                return Err(e);
             }
         }
     }
     Ok(out)
 }
 
-/// Whether evaluator (`node`, `j`) serves `l`.
-fn serves(inner: &Inner, l: &List, node: usize, j: usize) -> bool {
-    let per = inner.opts.evaluators_per_node as u64;
+/// Whether evaluator `g` serves `l`.
+fn serves(inner: &Inner, l: &List, g: usize) -> bool {
     // ORDERING: Relaxed; set once before the list is published under the lists' lock.
     let rank = l.rank.load(Ordering::Relaxed);
-    if inner.opts.numa_aware {
-        l.node == node && rank % per == j as u64
-    } else {
-        rank % (per * inner.pool.nodes() as u64) == (node * per as usize + j) as u64
-    }
+    inner.opts.evaluators.serves(g, inner.pool.nodes(), l.node, rank)
 }
 
-fn run(inner: &Inner, node: usize, j: usize) {
+fn run(inner: &Inner, node: usize, g: usize) {
     // The evaluator is a thread of `node`: accounting counts its PM accesses against it, NSM
     // places the tree nodes it allocates there (local mode).
     numa::set_current_node(node);
@@ -106,7 +107,7 @@ fn run(inner: &Inner, node: usize, j: usize) {
     // ORDERING: Relaxed; `stop` only ends the loop, it guards no data.
     while !inner.stop.load(Ordering::Relaxed) {
         let lists: Vec<Arc<List>> =
-            inner.lists.read().iter().filter(|l| serves(inner, l, node, j)).cloned().collect();
+            inner.lists.read().iter().filter(|l| serves(inner, l, g)).cloned().collect();
         let mut worked = false;
         let mut retired = false;
         for l in &lists {

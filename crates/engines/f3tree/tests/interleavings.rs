@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use numakv_f3tree::{F3Tree, F3TreeOptions};
+use numakv_f3tree::{Evaluators, F3Tree, F3TreeOptions};
 use numakv_index::{Engine, Error, Index};
 use numakv_pmem::failpoint::Scenario;
 use numakv_pmem::{OpenConfig, Pool, PoolConfig};
@@ -117,7 +117,7 @@ fn no_hash_lookups_skip_retired_lists() {
     cfg.nodes = 1;
     let base = F3TreeOptions {
         fo_entries: 14,
-        evaluators_per_node: 1,
+        evaluators: Evaluators::PerNode(1),
         hash_lookups: false,
         ..F3TreeOptions::default()
     };
