@@ -17,6 +17,8 @@
 //!
 //! Pause points (docs/design.md §12; `tests/interleavings.rs`):
 //! - `f3tree.evaluate.drain`: an evaluate thread about to look at one of its lists;
+//! - `f3tree.evaluate.applying`: an evaluate thread that flagged a key `applying` and is about
+//!   to write its entry into the tree (outside the shard lock);
 //! - `f3tree.search_ptfos.listed`: a "No Hash" lookup that has listed the PTFO lists and not yet
 //!   walked them.
 //!
@@ -44,6 +46,7 @@ pub mod ptfo;
 mod recovery;
 mod scan;
 
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -325,6 +328,8 @@ pub(crate) struct Counters {
     /// Node-batched evaluation: entries written into the leaf of the previous entry without a
     /// descent from the root.
     pub leaf_reuses: AtomicU64,
+    /// Evaluations of an entry that waited for another evaluator's tree write of the same key.
+    pub apply_waits: AtomicU64,
     /// PM lines per phase (while accounting is on).
     pub phases: Phases,
 }
@@ -498,12 +503,15 @@ impl Inner {
         let idx = self.reserve(list)?;
         self.counters.phases.end(Phase::ProducerPtfo);
         let mut shard = self.table.lock(key);
+        let pending::Shard { map, next_version } = &mut *shard;
+        // One probe of the shard's map: the entry decides the result and takes the new value.
+        let slot = map.entry(key);
         // A blind write (upsert) needs no current value: its entry supersedes whatever the key
         // holds. The others decide their result from the logical value: table, else tree.
-        let current = match shard.map.get(&key) {
+        let current = match &slot {
             _ if kind == Write::Upsert => None,
-            Some(p) => p.value,
-            None => self.tree.get(key)?,
+            Entry::Occupied(p) => p.get().value,
+            Entry::Vacant(_) => self.tree.get(key)?,
         };
         self.counters.phases.end(Phase::ProducerTree);
         let tomb = match kind {
@@ -512,14 +520,23 @@ impl Inner {
             Write::Remove => true,
             _ => false,
         };
-        let version = shard.bump();
+        let version = *next_version;
+        *next_version += 1;
         let meta = version | if tomb { TOMB } else { 0 };
         let loc = ptfo::append(&self.pool, list, idx, key, if tomb { 0 } else { value }, meta)?;
-        // The new entry is durable: the superseded one must never be replayed.
-        if let Some(old) = shard.map.get(&key) {
-            ptfo::mark_dead(&self.pool, old.loc)?;
+        let mut new = Pending { version, loc, value: (!tomb).then_some(value), applying: false };
+        match slot {
+            Entry::Occupied(mut p) => {
+                // The new entry is durable: the superseded one must never be replayed.
+                ptfo::mark_dead(&self.pool, p.get().loc)?;
+                // An evaluator still writing the superseded entry into the tree clears this.
+                new.applying = p.get().applying;
+                p.insert(new);
+            }
+            Entry::Vacant(v) => {
+                v.insert(new);
+            }
         }
-        shard.map.insert(key, Pending { version, loc, value: (!tomb).then_some(value) });
         self.counters.phases.end(Phase::ProducerPtfo);
         Ok(true)
     }
@@ -696,6 +713,7 @@ impl Index for F3Tree {
             ("eval_errors", get(&c.eval_errors)),
             ("evaluators_pinned", get(&c.evaluators_pinned)),
             ("leaf_reuses", get(&c.leaf_reuses)),
+            ("apply_waits", get(&c.apply_waits)),
             ("evaluator_pin_failures", get(&c.pin_failures)),
         ]);
         for ph in Phase::ALL {

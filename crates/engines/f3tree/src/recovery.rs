@@ -7,8 +7,8 @@
 //!    ([`FastFair::reachable`]), the directory and every FO reached: an FO allocated but not
 //!    linked, or unlinked but not freed, at the crash is reclaimed. Then
 //!    [`FastFair::open_with`] repairs the tree.
-//! 3. Read every FO's valid entries (the prefix of non-zero meta words). Live ones (not DEAD)
-//!    are, per key, at most one — or two in the window where a writer persisted a new entry but
+//! 3. Read every FO's valid entries (the prefix of non-zero meta words). Live ones (not DEAD,
+//!    and at or above their list's `applied` watermark) are, per key, at most one — or two in the window where a writer persisted a new entry but
 //!    not yet the DEAD mark of the one it superseded: the higher version wins and the others are
 //!    marked DEAD now, so they can never be replayed after the winner is applied and freed.
 //!    Every shard's version counter restarts above the highest version seen.
@@ -38,6 +38,8 @@ struct Found {
     slot: usize,
     node: usize,
     fos: Vec<PPtr>,
+    /// The list's `applied` watermark.
+    applied: u64,
 }
 
 /// The FOs of the list whose tail is `tail`, oldest first.
@@ -83,7 +85,8 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
         }
         let fos = walk_list(&pool, tail, &mut seen)?;
         let node = (d.node.load(Ordering::Relaxed) as usize).min(pool.nodes() - 1);
-        found.push(Found { slot, node, fos });
+        let applied = d.applied.load(Ordering::Acquire);
+        found.push(Found { slot, node, fos, applied });
     }
     // Step 2.
     let tree_opts = opts.tree_options();
@@ -116,7 +119,9 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
                 entries_total += 1;
                 let version = meta & VERSION_MASK;
                 max_version = max_version.max(version);
-                if meta & DEAD != 0 {
+                // Processed: DEAD, or below the list's watermark (applied to the tree, or
+                // superseded, before the evaluator's last durable batch).
+                if meta & DEAD != 0 || fo.seq(i) < f.applied {
                     continue;
                 }
                 live += 1;
@@ -126,7 +131,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
                 })?;
                 let loc = fo.entry_ptr(i);
                 let value = (meta & TOMB == 0).then(|| e.value.load(Ordering::Relaxed));
-                let cand = Pending { version, loc, value };
+                let cand = Pending { version, loc, value, applying: false };
                 match winners.get(&key).map(|w| w.0) {
                     Some(w) if w.version == version => {
                         return Err(Error::corrupted(

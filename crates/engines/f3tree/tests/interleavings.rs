@@ -158,3 +158,58 @@ fn no_hash_lookups_skip_retired_lists() {
     t.check().unwrap();
     Arc::try_unwrap(t).unwrap().close().unwrap();
 }
+
+/// Evaluators write the tree outside the shard lock, so two of them could write one key's
+/// versions out of order: evaluator A is inside its tree write of version 1 (parked), a producer
+/// supersedes the key with version 2 in another list, whose evaluator B must not write version 2
+/// before A's version 1 lands — else A's late write would leave the tree with the old value
+/// after the key left the table (a lost update). The key's `applying` flag, inherited by the
+/// superseding entry, holds B back until A is done.
+#[test]
+fn tree_writes_of_one_key_land_in_version_order() {
+    let sc = Scenario::setup();
+    let mut cfg = PoolConfig::new(F3Tree::engine_id(), 16 << 20);
+    cfg.nodes = 1;
+    let opts = F3TreeOptions {
+        evaluators: Evaluators::PerNode(2),
+        count_threshold: 1,
+        time_threshold: Duration::from_micros(10),
+        ..F3TreeOptions::default()
+    };
+    let t = Arc::new(F3Tree::create(Pool::volatile(cfg).unwrap(), &opts).unwrap());
+    // The first list created goes to evaluator 0, the second to evaluator 1.
+    let a_writing = sc.pause_thread("f3tree.evaluate.applying", "f3-eval-0-0");
+    // Each producer stays alive until the end: a thread id (and so a list) is reused only
+    // after its thread exits.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let done_rx = Arc::new(std::sync::Mutex::new(done_rx));
+    let mut producers = Vec::new();
+    let mut write = |name: &str, v: u64| {
+        let (t, done) = (Arc::clone(&t), Arc::clone(&done_rx));
+        let (wrote_tx, wrote_rx) = std::sync::mpsc::channel();
+        producers.push(spawn_named(name, move || {
+            t.upsert(42, v).unwrap();
+            wrote_tx.send(()).unwrap();
+            let _ = done.lock().unwrap().recv();
+        }));
+        wrote_rx.recv().unwrap();
+    };
+    write("p1", 1);
+    a_writing.wait_parked(); // A has flagged key 42 and is about to write version 1
+    write("p2", 2);
+    wait_for("evaluator 1 to wait for the key (or write it)", || {
+        counter(&t, "apply_waits") >= 1 || t.tree().get(42).unwrap().is_some()
+    });
+    assert_eq!(t.tree().get(42).unwrap(), None, "version 2 was written while 1 was in flight");
+    assert_eq!(t.get(42).unwrap(), Some(2));
+    a_writing.release();
+    assert!(t.wait_drained(Duration::from_secs(20)));
+    assert_eq!(t.tree().get(42).unwrap(), Some(2), "the tree ends with an older version");
+    assert_eq!(t.get(42).unwrap(), Some(2));
+    t.check().unwrap();
+    drop(done_tx);
+    for p in producers {
+        p.join().unwrap();
+    }
+    Arc::try_unwrap(t).unwrap().close().unwrap();
+}
