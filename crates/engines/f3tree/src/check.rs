@@ -33,6 +33,10 @@ fn bad(what: impl Into<String>) -> Error {
 }
 
 pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
+    // A lazy open's background pass (tree walk, NSM collection, repairs) must be over: until
+    // then NSM counts every block of the pre-open extents as allocated. Waited for before the
+    // gate: the pass waits for an epoch grace period, which evaluators in the gate could delay.
+    inner.tree.wait_recovery()?;
     let _gate = inner.gate.write();
     if let Some(e) = inner.eval_error.lock().clone() {
         return Err(bad(format!("evaluation: an evaluate thread failed: {e}")));

@@ -630,6 +630,17 @@ impl F3Tree {
         &self.inner.tree
     }
 
+    /// Whether the background part of the last open (the tree's walk, NSM's collection, the
+    /// tree's repairs) is still running.
+    pub fn recovery_pending(&self) -> bool {
+        self.inner.tree.recovery_pending()
+    }
+
+    /// Waits for the background part of the last open; its report (`None` after a create).
+    pub fn wait_recovery(&self) -> Result<Option<RecoveryReport>> {
+        self.inner.tree.wait_recovery()
+    }
+
     /// Keys currently pending in PTFOs.
     pub fn pending_keys(&self) -> usize {
         self.inner.table.len()
@@ -836,6 +847,9 @@ impl Engine for F3Tree {
         if let Some(e) = self.inner.eval_error.lock().take() {
             return Err(Error::corrupted(ENGINE, format!("evaluation failed: {e}")));
         }
+        // The tree's background recovery (after a lazy open) finishes before the pool closes,
+        // so that a cleanly closed store is collected and repaired.
+        self.inner.tree.wait_recovery()?;
         self.inner.pool.close()?;
         Ok(())
     }

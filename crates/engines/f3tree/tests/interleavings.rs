@@ -213,3 +213,57 @@ fn tree_writes_of_one_key_land_in_version_order() {
     }
     Arc::try_unwrap(t).unwrap().close().unwrap();
 }
+
+/// `open` returns after the directory, the FOs and NSM's extents, without walking the tree: the
+/// tree's background pass (walk, NSM collection, repairs) is parked before it starts, and the
+/// reopened store already serves reads of tree keys and of pre-crash pending keys, and writes.
+/// Before, `open` walked and repaired the whole tree (`FastFair::reachable` + `open_with`).
+#[test]
+fn open_returns_before_the_tree_is_walked() {
+    let sc = Scenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let mut cfg = PoolConfig::new(F3Tree::engine_id(), 32 << 20);
+    cfg.nodes = 2;
+    {
+        let t =
+            F3Tree::create(Pool::create(&path, cfg).unwrap(), &F3TreeOptions::default()).unwrap();
+        for k in 1..=3000u64 {
+            t.upsert(k, k).unwrap();
+        }
+        assert!(t.wait_drained(Duration::from_secs(20)));
+        t.close().unwrap();
+    }
+    // Session 2 leaves writes pending and crashes.
+    {
+        let held = F3TreeOptions {
+            count_threshold: u64::MAX,
+            time_threshold: Duration::from_secs(3600),
+            ..F3TreeOptions::default()
+        };
+        let pool = Pool::open(&path, OpenConfig::new(F3Tree::engine_id())).unwrap();
+        let (t, _) = F3Tree::open(pool, &held).unwrap();
+        t.wait_recovery().unwrap();
+        for k in 1..=50u64 {
+            t.upsert(k, k + 1_000_000).unwrap();
+        }
+        drop(t);
+    }
+    let pass = sc.pause_thread("fastfair.recovery.background", "fastfair-recovery");
+    let pool = Pool::open(&path, OpenConfig::new(F3Tree::engine_id())).unwrap();
+    let (t, report) = F3Tree::open(pool, &F3TreeOptions::default()).unwrap();
+    pass.wait_parked();
+    assert!(t.recovery_pending(), "open returned with the tree's recovery still to do");
+    let rc = |name: &str| report.counters.iter().find(|c| c.0 == name).map(|c| c.1);
+    assert_eq!(rc("deferred"), Some(1), "{report:?}");
+    assert_eq!(rc("pending_keys"), Some(50), "{report:?}");
+    assert_eq!(t.get(7).unwrap(), Some(1_000_007), "a pre-crash pending write");
+    assert_eq!(t.get(2999).unwrap(), Some(2999), "a tree key");
+    assert!(t.insert(5000, 5).unwrap());
+    pass.release();
+    t.wait_recovery().unwrap().expect("a report of the background pass");
+    assert!(t.wait_drained(Duration::from_secs(20)));
+    assert_eq!(t.tree().get(7).unwrap(), Some(1_000_007));
+    t.check().unwrap();
+    t.close().unwrap();
+}
