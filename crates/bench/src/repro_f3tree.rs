@@ -356,6 +356,15 @@ fn verdict(cut: f64) -> &'static str {
     }
 }
 
+/// `x` against `y` in words: "N% fewer" or "k.kx as many".
+fn compare(x: f64, y: f64) -> String {
+    if x < y {
+        format!("{:.0}% fewer", (1.0 - x / y.max(1e-12)) * 100.0)
+    } else {
+        format!("{:.1}x as many", x / y.max(1e-12))
+    }
+}
+
 /// Why a baseline has fewer remote lines, when its phases say so.
 fn why_fewer(base: &W1Run) -> String {
     let (l, r) = base.phases[3];
@@ -567,15 +576,19 @@ pub(crate) fn numa(
         let cut = if y > 0.0 { 1.0 - x / y } else { 0.0 };
         let _ = writeln!(
             md,
-            "- {} keys ({}), `{numa}` vs `{base}`: {:.2} vs {:.2} remote lines/op, remote share \
-             {:.0}% vs {:.0}% ({:+.0}% remote lines): the paper's 50% cut is {}{}.",
-            if op.keys == W1Keys::Random { "random" } else { "sequential per-thread ranges" },
+            "- {} ({}), `{numa}` vs `{base}`: {:.2} vs {:.2} remote lines/op ({}), remote share \
+             {:.0}% vs {:.0}%: the paper's 50% cut is {}{}.",
+            if op.keys == W1Keys::Random {
+                "random keys"
+            } else {
+                "sequential keys, per-thread ranges"
+            },
             op.label(),
             x,
             y,
+            compare(x, y),
             a.all.remote_share() * 100.0,
             b.all.remote_share() * 100.0,
-            -cut * 100.0,
             verdict(cut),
             if cut <= 0.0 { why_fewer(b) } else { String::new() },
         );
@@ -584,12 +597,15 @@ pub(crate) fn numa(
         let Some(f) = find("fastfair", w1) else { continue };
         for name in ["f3tree", "f3tree-n2", "f3tree-ni", "f3tree-nonuma", "f3tree-batched"] {
             if let Some(n) = find(name, w1) {
+                let drained = |r: &W1Run| r.ops as f64 / r.drained_secs.max(1e-9);
                 let _ = writeln!(
                     md,
-                    "- Write throughput (producers, same run), `{name}` vs FAST&FAIR ({}, \
-                     {THREADS} threads): {:.2}x.",
+                    "- Write throughput vs FAST&FAIR, same run ({}, {THREADS} threads), \
+                     `{name}`: {:.2}x until the producers' last write, {:.2}x until every entry \
+                     is in the tree.",
                     w1.label(),
-                    n.mops() / f.mops().max(1e-12)
+                    n.mops() / f.mops().max(1e-12),
+                    drained(n) / drained(f).max(1e-12)
                 );
             }
         }
@@ -653,10 +669,11 @@ fn sweep_section(sweep: &[W1Run], md: &mut String) {
         let cut = if y > 0.0 { 1.0 - x / y } else { 0.0 };
         let _ = writeln!(
             md,
-            "\nOn all {SWEEP_NODES} nodes, random keys, vs NI: {:.2} vs {:.2} remote lines/op, \
-             share {:.0}% vs {:.0}% — {}{}.",
+            "\nOn all {SWEEP_NODES} nodes, random keys, vs NI: {:.2} vs {:.2} remote lines/op \
+             ({}), share {:.0}% vs {:.0}% — {}{}.",
             x,
             y,
+            compare(x, y),
             a.all.remote_share() * 100.0,
             b.all.remote_share() * 100.0,
             verdict(cut),
@@ -739,13 +756,13 @@ fn llc_section(rows: &[W1Run], md: &mut String) {
             let cut = if y > 0.0 { 1.0 - x / y } else { 0.0 };
             let _ = writeln!(
                 md,
-                "- `{numa}` vs `{base}` ({}, {}): {x:.2} vs {y:.2} remote accesses/op, share \
-                 {:.0}% vs {:.0}% ({:+.0}%): the paper's 50% cut is {}.",
+                "- `{numa}` vs `{base}` ({}, {}): {x:.2} vs {y:.2} remote accesses/op ({}), \
+                 share {:.0}% vs {:.0}%: the paper's 50% cut is {}.",
                 op.label(),
                 cfg.flush,
+                compare(x, y),
                 sx * 100.0,
                 sy * 100.0,
-                -cut * 100.0,
                 verdict(cut),
             );
         }
