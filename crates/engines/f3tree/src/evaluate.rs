@@ -251,6 +251,7 @@ pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
     if !items.is_empty() {
         let seq = Fo::resolve(pool, fo_p)?.seq(idx);
         ptfo::set_watermark(pool, desc, seq);
+        numakv_pmem::pause_point!("f3tree.evaluate.watermarked");
     }
     // 3. The applied keys leave the table (those not superseded meanwhile). Only now: a writer
     //    superseding an applied entry before the watermark was durable marked it DEAD itself.
@@ -261,6 +262,9 @@ pub(crate) fn drain(inner: &Inner, l: &List) -> Result<(usize, bool)> {
         }
     }
     // 4. FOs passed completely are unlinked: no table entry names them any more.
+    if !passed.is_empty() {
+        numakv_pmem::pause_point!("f3tree.evaluate.unlinking");
+    }
     for &(fo, newer) in &passed {
         ptfo::unlink_tail(pool, &inner.nsm, desc, fo, newer)?;
         l.fos.fetch_sub(1, Ordering::Relaxed);

@@ -19,6 +19,9 @@
 //! - `f3tree.evaluate.drain`: an evaluate thread about to look at one of its lists;
 //! - `f3tree.evaluate.applying`: an evaluate thread that flagged a key `applying` and is about
 //!   to write its entry into the tree (outside the shard lock);
+//! - `f3tree.evaluate.watermarked`: an evaluation that persisted its list's watermark;
+//! - `f3tree.evaluate.unlinking`: an evaluation about to unlink the FOs it passed (its keys
+//!   are out of the table);
 //! - `f3tree.search_ptfos.listed`: a "No Hash" lookup that has listed the PTFO lists and not yet
 //!   walked them.
 //!

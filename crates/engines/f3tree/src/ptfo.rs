@@ -249,10 +249,19 @@ pub fn mark_dead(pool: &Pool, loc: PPtr) -> Result<()> {
     Ok(())
 }
 
-/// Moves the list's `applied` watermark to `seq` and persists it: every entry before `seq` is
+/// Moves the list's `applied` watermark up to `seq` and persists it: every entry before `seq` is
 /// processed (applied to the tree, whose writes are durable, or superseded and DEAD). One flush
-/// per evaluation instead of one DEAD mark per applied entry.
+/// per evaluation instead of one DEAD mark per applied entry. Called by the list's one consumer.
+///
+/// Never moves it back: after a crash between an evaluation's watermark and its unlinks, a
+/// recovered list's first evaluation restarts at the tail and may end below the watermark;
+/// lowering it would make entries live again that were applied and may have been superseded
+/// since from another list (`tests/interleavings.rs`, `the_watermark_never_moves_back`).
 pub fn set_watermark(pool: &Pool, desc: &Desc, seq: u64) {
+    // ORDERING: Relaxed; only this list's consumer writes the watermark.
+    if seq <= desc.applied.load(Ordering::Relaxed) {
+        return;
+    }
     desc.applied.store(seq, Ordering::Release);
     // PERSIST: the entries below `seq` are never replayed after a crash.
     pool.persist_obj(&desc.applied);

@@ -267,3 +267,90 @@ fn open_returns_before_the_tree_is_walked() {
     t.check().unwrap();
     t.close().unwrap();
 }
+
+/// The watermark never moves back. A crash between an evaluation's watermark and its unlinks
+/// leaves processed FOs linked; after the reopen the list's first evaluation starts at the tail
+/// and, batch-capped, can end *below* the watermark. Persisting that position lowered the
+/// watermark, making an entry live again that had been applied and then superseded by a newer
+/// version applied from another list: after the next crash it was replayed over the newer value.
+///
+/// Session 1: list A holds keys 1..12 (4-entry FOs a, b, c; batches of 5): its first evaluation
+/// processes seq 0..4 (unlinks a), its second seq 5..9 and parks before unlinking b, with key 10
+/// (seq 9, in c) applied and out of the table. List B then writes key 10 = 2 and is evaluated;
+/// crash. Session 2: A recovers with watermark 10; its first batch is seq 4..8 (ends at 9); crash
+/// right after it persists its watermark. Session 3: key 10 must still be 2.
+#[test]
+fn the_watermark_never_moves_back() {
+    let sc = Scenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let mut cfg = PoolConfig::new(F3Tree::engine_id(), 16 << 20);
+    cfg.nodes = 1;
+    cfg.sim = numakv_pmem::SimMode::Shadow;
+    let opts = F3TreeOptions {
+        fo_entries: 4,
+        evaluators: Evaluators::PerNode(2),
+        evaluation: numakv_f3tree::Evaluation::NodeBatched { batch: 5 },
+        count_threshold: 5,
+        time_threshold: Duration::from_secs(3600),
+        ..F3TreeOptions::default()
+    };
+    // Session 1.
+    {
+        let pool = Pool::create(&path, cfg).unwrap();
+        let t = Arc::new(F3Tree::create(Arc::clone(&pool), &opts).unwrap());
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let h = Arc::clone(&hits);
+        // List A (created first, by this thread) is evaluator 0's: park its second unlink.
+        let a_unlinking = sc.pause_when("f3tree.evaluate.unlinking", move || {
+            thread::current().name() == Some("f3-eval-0-0")
+                && h.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1
+        });
+        for k in 1..=12u64 {
+            t.upsert(k, 1).unwrap();
+        }
+        a_unlinking.wait_parked();
+        assert_eq!(t.tree().get(10).unwrap(), Some(1));
+        assert_eq!(t.pending_keys(), 2, "keys 11 and 12 wait in list A");
+        let b = {
+            let t = Arc::clone(&t);
+            spawn_named("p2", move || {
+                t.upsert(10, 2).unwrap();
+                for k in 100..104u64 {
+                    t.upsert(k, 1).unwrap();
+                }
+            })
+        };
+        b.join().unwrap();
+        wait_for("list B's evaluation", || t.tree().get(103).unwrap().is_some());
+        wait_for("key 10 to leave the table", || t.pending_keys() == 2);
+        assert_eq!(t.tree().get(10).unwrap(), Some(2));
+        pool.crash(numakv_pmem::CrashOptions::STRICT).unwrap();
+        a_unlinking.release();
+        drop(t);
+    }
+    // Session 2: crash right after the recovered list's first watermark.
+    {
+        let mut oc = OpenConfig::new(F3Tree::engine_id());
+        oc.sim = numakv_pmem::SimMode::Shadow;
+        let pool = Pool::open(&path, oc).unwrap();
+        // Weak: the scenario keeps the callback until it ends, the pool must go with session 2.
+        let crash_pool = Arc::downgrade(&pool);
+        let crashed = sc.call("f3tree.evaluate.watermarked", move || {
+            if let Some(p) = crash_pool.upgrade() {
+                let _ = p.crash(numakv_pmem::CrashOptions::STRICT);
+            }
+        });
+        let (t, _) = F3Tree::open(pool, &opts).unwrap();
+        wait_for("the recovered list's first evaluation", || crashed.hits() >= 1);
+        drop(t);
+    }
+    // Session 3.
+    let pool = Pool::open(&path, OpenConfig::new(F3Tree::engine_id())).unwrap();
+    let (t, _) = F3Tree::open(pool, &opts).unwrap();
+    assert_eq!(t.get(10).unwrap(), Some(2), "an applied, superseded entry was replayed");
+    assert_eq!(t.get(12).unwrap(), Some(1));
+    assert!(t.wait_drained(Duration::from_secs(20)));
+    t.check().unwrap();
+    t.close().unwrap();
+}
