@@ -861,7 +861,7 @@ pub(crate) fn read(
         ("fastfair", EngineKind::FastFair, &[]),
         ("f3tree", EngineKind::F3Tree, &[]),
         ("f3tree-nohash", EngineKind::F3Tree, &[("hash_lookups", "false")]),
-        ("f3tree-n", EngineKind::F3Tree, &[("evaluation", "batched:1024")]),
+        ("f3tree-batched", EngineKind::F3Tree, &[("evaluation", "batched:1024")]),
     ];
     let mut rows = Vec::new();
     let own: &[Row] = if wants_f3(targets) { &variants } else { &[] };
