@@ -8,12 +8,16 @@
 //!   valid; flush + fence — the *durability point* of the operation — then publish it to the
 //!   consumer (`head_used`) and to the table.
 //! - **new FO** (Fig. 4b, Algorithm 1 lines 10–13): the block is zeroed and its header written
-//!   (`next` = the current head) and persisted *before* it is linked; then the old head's `prev`
-//!   points to it and is persisted — from then on a walk from the tail reaches it (the multi-FO
-//!   durability point); then the directory's head hint.
-//! - **unlink** (Algorithm 1 lines 28–29): once every entry of the tail FO is dead and a newer FO
-//!   exists, the directory's tail moves to `prev` and is persisted; only then is the FO freed. A
-//!   crash in between leaves an unreachable block that NSM's recovery reclaims.
+//!   (`next` = the current head, `base` = the sequence number its entry 0 gets) and persisted
+//!   *before* it is linked; then the old head's `prev` points to it and is persisted — from then
+//!   on a walk from the tail reaches it (the multi-FO durability point); then the directory's
+//!   head hint.
+//! - **watermark**: once per evaluation the consumer persists the list's `applied` sequence
+//!   number (only upwards): entries below it are processed and never replayed.
+//! - **unlink** (Algorithm 1 lines 28–29): once every entry of the tail FO is processed (below
+//!   the durable watermark) and a newer FO exists, the directory's tail moves to `prev` and is
+//!   persisted; only then is the FO freed. A crash in between leaves an unreachable block that
+//!   NSM's recovery reclaims.
 //!
 //! Freed FOs go back to NSM at once, without an epoch grace period: nobody reads an FO without
 //! either being its list's producer (which only touches the head FO) or consumer, or holding the
