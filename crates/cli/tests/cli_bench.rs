@@ -176,6 +176,11 @@ fn list_names_every_target_workload_and_reproduction() {
         "nstore",
         "nstore-lfu",
         "nstore-nocache",
+        "f3tree",
+        "f3tree-batched",
+        "f3tree-n2",
+        "f3tree-ni",
+        "f3tree-nonuma",
     ] {
         assert!(run.stdout.lines().any(|l| l.trim_start().starts_with(name)), "{name}: {run:?}");
     }

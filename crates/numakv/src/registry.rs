@@ -862,9 +862,15 @@ impl EngineConfig for F3TreeOptions {
         OptionKey { key: "fo_entries", help: "key-value entries per future object, 1..=4094" },
         OptionKey {
             key: "fo_limit",
-            help: "FOs per thread before the writer waits for evaluation: N | unlimited (Fig. 6)",
+            help:
+                "FOs per thread before the writer waits for evaluation: N >= 2 | unlimited (Fig. 6)",
         },
-        OptionKey { key: "evaluators_per_node", help: "evaluate threads per NUMA node (2)" },
+        OptionKey {
+            key: "evaluators",
+            help: "evaluate threads: per-node:N (F3-tree(N), default per-node:2) | total:N (N2: N \
+                   in all, node-bound) | first-node:N (NI: N on node 0 serving every list) | \
+                   unbound:N (N per node, unpinned, any list)",
+        },
         OptionKey {
             key: "count_threshold",
             help: "evaluate a thread's PTFO once it holds this many entries",
@@ -879,7 +885,8 @@ impl EngineConfig for F3TreeOptions {
         },
         OptionKey {
             key: "numa_aware",
-            help: "true: PTFOs on the writer's node, per-node evaluators; false: interleaved",
+            help: "true: FOs on the writer's node, tree nodes on the evaluator's; false: both \
+                   interleaved over the nodes",
         },
         OptionKey {
             key: "hash_lookups",
@@ -904,7 +911,7 @@ impl EngineConfig for F3TreeOptions {
                     v => Some(parse_f3_num(key, v)?),
                 }
             }
-            "evaluators_per_node" => self.evaluators_per_node = parse_f3_num(key, value)?,
+            "evaluators" => self.evaluators = value.parse()?,
             "count_threshold" => self.count_threshold = parse_f3_num(key, value)?,
             "time_threshold_us" => {
                 self.time_threshold = Duration::from_micros(parse_f3_num(key, value)?);
@@ -931,7 +938,7 @@ impl EngineConfig for F3TreeOptions {
             ("node_size", self.node_size.to_string()),
             ("fo_entries", self.fo_entries.to_string()),
             ("fo_limit", self.fo_limit.map_or("unlimited".to_string(), |n| n.to_string())),
-            ("evaluators_per_node", self.evaluators_per_node.to_string()),
+            ("evaluators", self.evaluators.to_string()),
             ("count_threshold", self.count_threshold.to_string()),
             ("time_threshold_us", self.time_threshold.as_micros().to_string()),
             (

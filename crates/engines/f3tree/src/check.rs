@@ -9,7 +9,9 @@
 //!   before it, the last one is the engine's head;
 //! - `entry prefix`: an FO's valid entries (non-zero meta) are a prefix of its slots, and every
 //!   FO but the head is full;
-//! - `pending entries`: the live (not DEAD) entries are exactly the ones the hash table names,
+//! - `list links` also: each FO's `base` continues its older FO's sequence numbers;
+//! - `pending entries`: the live entries (not DEAD, at or above their list's `applied`
+//!   watermark) are exactly the ones the hash table names,
 //!   with the table's key and version — one per pending key;
 //! - `reachable allocated`: NSM's allocated blocks are exactly the tree's nodes, the directory
 //!   and the FOs (after the epoch grace period of blocks freed by evaluation has passed).
@@ -31,6 +33,10 @@ fn bad(what: impl Into<String>) -> Error {
 }
 
 pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
+    // A lazy open's background pass (tree walk, NSM collection, repairs) must be over: until
+    // then NSM counts every block of the pre-open extents as allocated. Waited for before the
+    // gate: the pass waits for an epoch grace period, which evaluators in the gate could delay.
+    inner.tree.wait_recovery()?;
     let _gate = inner.gate.write();
     if let Some(e) = inner.eval_error.lock().clone() {
         return Err(bad(format!("evaluation: an evaluate thread failed: {e}")));
@@ -66,8 +72,17 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
                 l.head()
             )));
         }
+        let applied = d.applied.load(Ordering::Acquire);
         for (i, &p) in chain.iter().enumerate() {
             let fo = Fo::resolve(pool, p)?;
+            if i > 0 {
+                let older = Fo::resolve(pool, chain[i - 1])?;
+                if fo.seq(0) != older.seq(older.cap) {
+                    return Err(bad(format!(
+                        "list links: FO {p}'s base does not follow its older FO's entries"
+                    )));
+                }
+            }
             if i > 0 && fo.next() != chain[i - 1] {
                 return Err(bad(format!("list links: FO {p}'s next is not {}", chain[i - 1])));
             }
@@ -84,7 +99,7 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
                         "entry prefix: FO {p} slot {j} follows an empty slot"
                     )));
                 }
-                if meta & DEAD == 0 {
+                if meta & DEAD == 0 && fo.seq(j) >= applied {
                     live.insert(
                         fo.entry_ptr(j),
                         (e.key.load(Ordering::Relaxed), meta & VERSION_MASK),

@@ -10,13 +10,17 @@
 //!      0     8  tail   PPtr of the oldest FO of the list; 0 = slot free (the list commit point)
 //!      8     8  head   PPtr of the newest FO (a hint: recovery finds the head by walking `prev`)
 //!     16     8  node   NUMA node the list's FOs are placed on (a hint for the evaluators)
-//!     24    40  unused
+//!     24     8  applied  watermark: every entry of the list with sequence number < applied was
+//!                      processed by its evaluator (applied to the tree, or superseded) and is
+//!                      never replayed, DEAD-marked or not
+//!     32    32  unused
 //!
 //! FO           an NSM block of 64 + 32·cap bytes, 64-byte aligned:
 //!      0     8  magic  FO_MAGIC
 //!      8     8  next   PPtr of the next OLDER FO (towards the tail), 0 for the tail
 //!     16     8  prev   PPtr of the next NEWER FO (towards the head), 0 for the head
-//!     24     8  count  entries written (a hint: recovery counts valid entries itself)
+//!     24     8  base   sequence number of entry 0 within its list (the list's first FO has 0;
+//!                      each newer FO continues where the older one's `cap` entries end)
 //!     32     8  cap    entry slots
 //!     40     8  list   directory slot of the list (diagnostics)
 //!     48    16  unused
@@ -29,6 +33,9 @@
 //! - bit 62 `TOMB`: the entry is a delete (the value is unused);
 //! - bit 63 `DEAD`: the entry must never be replayed — it was applied to the tree, or a newer
 //!   entry of its key superseded it.
+//!
+//! An entry is *processed* when its meta word has `DEAD` or its sequence number
+//! (`base + index`) is below its list's `applied` watermark.
 //!
 //! States of an entry slot: `0` (never written: the FO is zeroed before it is linked, so the
 //! valid entries of an FO are a prefix) → `version[|TOMB]` (live: pending, the latest of its key
@@ -52,7 +59,9 @@ pub const SLOT_DIR: usize = 3;
 /// "F3TR" in the high half of the format word.
 pub const F3_MAGIC: u64 = 0x4633_5452;
 /// Format version of everything in this file.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2: FO `count` (a hint) became `base`, and the descriptor gained the `applied`
+/// watermark.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The format word of a store of this layout.
 pub const fn meta_word() -> u64 {
@@ -89,8 +98,10 @@ pub struct Desc {
     pub head: PmU64,
     /// Node of the list's FOs.
     pub node: PmU64,
+    /// Entries with a sequence number below this are processed (see the module docs).
+    pub applied: PmU64,
     /// Unused.
-    pub pad: [PmU64; 5],
+    pub pad: [PmU64; 4],
 }
 
 // SAFETY: a repr(C) struct of PM atomics without padding (8 · 8 = 64 bytes): valid for any bit
@@ -113,8 +124,8 @@ pub struct FoHeader {
     pub next: PmU64,
     /// Next newer FO.
     pub prev: PmU64,
-    /// Entries written (hint).
-    pub count: PmU64,
+    /// Sequence number of entry 0 in the list.
+    pub base: PmU64,
     /// Entry slots.
     pub cap: PmU64,
     /// Directory slot.
@@ -205,6 +216,13 @@ impl<'a> Fo<'a> {
     pub fn next(&self) -> PPtr {
         // ORDERING: Acquire; pairs with the Release store when the FO is initialised.
         PPtr::from_raw(self.hdr.next.load(Ordering::Acquire))
+    }
+
+    /// Sequence number of entry `i` of this FO within its list.
+    pub fn seq(&self, i: usize) -> u64 {
+        // ORDERING: Relaxed; written before the FO was linked (published by the Release store
+        // that linked it, which the caller's resolution went through).
+        self.hdr.base.load(Ordering::Relaxed) + i as u64
     }
 
     /// The next newer FO.

@@ -15,6 +15,16 @@
 //!
 //! Design, crash states and resolved ambiguities: docs/design.md, section "F3-tree".
 //!
+//! Pause points (docs/design.md §12; `tests/interleavings.rs`):
+//! - `f3tree.evaluate.drain`: an evaluate thread about to look at one of its lists;
+//! - `f3tree.evaluate.applying`: an evaluate thread that flagged a key `applying` and is about
+//!   to write its entry into the tree (outside the shard lock);
+//! - `f3tree.evaluate.watermarked`: an evaluation that persisted its list's watermark;
+//! - `f3tree.evaluate.unlinking`: an evaluation about to unlink the FOs it passed (its keys
+//!   are out of the table);
+//! - `f3tree.search_ptfos.listed`: a "No Hash" lookup that has listed the PTFO lists and not yet
+//!   walked them.
+//!
 //! ```
 //! use numakv_f3tree::{F3Tree, F3TreeOptions};
 //! use numakv_index::{Engine, Index};
@@ -39,6 +49,7 @@ pub mod ptfo;
 mod recovery;
 mod scan;
 
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -74,6 +85,113 @@ pub enum Evaluation {
     },
 }
 
+/// Where the evaluate threads run and which PTFO lists each serves: the paper's configurations
+/// (papers/f3tree.txt §3.2, §5.3.1, Figs. 2, 8, 9). Pinned evaluators are bound to a CPU of their
+/// node and run as threads of that node (accounting, NSM placement of the tree nodes they
+/// allocate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evaluators {
+    /// F3-tree(N): `n` per node, pinned there, each serving only lists on its own node.
+    PerNode(usize),
+    /// F3-tree(N2): `n` in total, still node-bound: evaluator `g` is pinned to node
+    /// `g % nodes`; a list is served by an evaluator of its own node, or — on a node that has
+    /// none (fewer evaluators than nodes) — by evaluator `node % n`.
+    Total(usize),
+    /// F3-tree(NI) and (I) of §3.2: `n` in total, all pinned to the first node, serving every
+    /// list wherever it lives.
+    FirstNode(usize),
+    /// `n` per node, unpinned, each serving any node's lists (our `f3tree-nonuma`).
+    Unbound(usize),
+}
+
+impl Evaluators {
+    /// The count in the variant.
+    pub fn count(self) -> usize {
+        match self {
+            Evaluators::PerNode(n)
+            | Evaluators::Total(n)
+            | Evaluators::FirstNode(n)
+            | Evaluators::Unbound(n) => n,
+        }
+    }
+
+    /// Evaluate threads in all, on `nodes` nodes.
+    pub fn threads(self, nodes: usize) -> usize {
+        match self {
+            Evaluators::PerNode(n) | Evaluators::Unbound(n) => n * nodes,
+            Evaluators::Total(n) | Evaluators::FirstNode(n) => n,
+        }
+    }
+
+    /// The node of evaluator `g` (of [`Evaluators::threads`]) and whether it is pinned there.
+    pub fn node_of(self, g: usize, nodes: usize) -> (usize, bool) {
+        match self {
+            Evaluators::PerNode(n) => (g / n.max(1), true),
+            Evaluators::Total(_) => (g % nodes.max(1), true),
+            Evaluators::FirstNode(_) => (0, true),
+            Evaluators::Unbound(n) => (g / n.max(1), false),
+        }
+    }
+
+    /// Whether lists are ranked per node (node-bound evaluators) or over all nodes.
+    fn ranks_per_node(self) -> bool {
+        matches!(self, Evaluators::PerNode(_) | Evaluators::Total(_))
+    }
+
+    /// Whether evaluator `g` serves a list on `node` with `rank` (see the variants).
+    pub fn serves(self, g: usize, nodes: usize, node: usize, rank: u64) -> bool {
+        let nodes = nodes.max(1);
+        match self {
+            Evaluators::PerNode(n) => {
+                let n = n.max(1);
+                node == g / n && rank % n as u64 == (g % n) as u64
+            }
+            Evaluators::Total(n) => {
+                let n = n.max(1);
+                // Evaluators g ≡ node (mod nodes), g < n, live on the list's node.
+                let here = if node < n { (n - node - 1) / nodes + 1 } else { 0 };
+                if here > 0 {
+                    g % nodes == node && rank % here as u64 == (g / nodes) as u64
+                } else {
+                    g == node % n
+                }
+            }
+            Evaluators::FirstNode(n) => rank % n.max(1) as u64 == g as u64,
+            Evaluators::Unbound(n) => rank % (n.max(1) * nodes) as u64 == g as u64,
+        }
+    }
+}
+
+impl std::fmt::Display for Evaluators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Evaluators::PerNode(n) => write!(f, "per-node:{n}"),
+            Evaluators::Total(n) => write!(f, "total:{n}"),
+            Evaluators::FirstNode(n) => write!(f, "first-node:{n}"),
+            Evaluators::Unbound(n) => write!(f, "unbound:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Evaluators {
+    type Err = String;
+
+    /// `per-node:N | total:N | first-node:N | unbound:N` (a bare `N` is `per-node:N`).
+    fn from_str(s: &str) -> std::result::Result<Evaluators, String> {
+        let (kind, n) = s.split_once(':').unwrap_or(("per-node", s));
+        let n: usize = n.parse().map_err(|_| format!("evaluators: {s:?}: {n:?} is not a count"))?;
+        match kind {
+            "per-node" => Ok(Evaluators::PerNode(n)),
+            "total" => Ok(Evaluators::Total(n)),
+            "first-node" => Ok(Evaluators::FirstNode(n)),
+            "unbound" => Ok(Evaluators::Unbound(n)),
+            _ => Err(format!(
+                "evaluators: {s:?} is not per-node:N | total:N | first-node:N | unbound:N"
+            )),
+        }
+    }
+}
+
 /// Options of an F3-tree (all per session except `node_size`, which the tree records).
 #[derive(Clone, Debug)]
 pub struct F3TreeOptions {
@@ -82,19 +200,21 @@ pub struct F3TreeOptions {
     /// Entries per FO (1..=4094; default 126: a 4 KiB FO).
     pub fo_entries: usize,
     /// FOs a producer's list may hold before the producer waits for the evaluators (the
-    /// paper's FO limit, Fig. 6); `None` = unlimited.
+    /// paper's FO limit, Fig. 6); at least 2 (the head FO is never freed); `None` = unlimited.
     pub fo_limit: Option<usize>,
-    /// Evaluate threads per NUMA node (default 2).
-    pub evaluators_per_node: usize,
+    /// Evaluate threads: how many, where they run, which lists each serves (default
+    /// `PerNode(2)`, the paper's F3-tree(N)).
+    pub evaluators: Evaluators,
     /// Evaluate a list once it holds this many unprocessed entries.
     pub count_threshold: u64,
     /// ... or once it has unprocessed entries and was last evaluated this long ago.
     pub time_threshold: Duration,
     /// Key-based or node-based batched evaluation.
     pub evaluation: Evaluation,
-    /// NUMA-aware (the paper's F3-tree): PTFOs on their producer's node, evaluate threads
-    /// bound to a node and evaluating only that node's lists. `false` is the non-NUMA variant:
-    /// PTFOs interleaved over the nodes, evaluate threads serving any list.
+    /// Memory placement: `true` (default, the paper's non-interleaved policy) puts FOs on
+    /// their producer's node and tree nodes on the allocating evaluator's node; `false`
+    /// interleaves both over the nodes (`numactl --interleave`). Where the evaluators run is
+    /// [`F3TreeOptions::evaluators`].
     pub numa_aware: bool,
     /// Lookups consult the hash table (default). `false` is the paper's "No Hash" read path of
     /// Fig. 10: a lookup searches every PTFO (newest first) before the tree. The table still
@@ -108,7 +228,7 @@ impl Default for F3TreeOptions {
             node_size: numakv_fastfair::layout::DEFAULT_NODE_SIZE,
             fo_entries: 126,
             fo_limit: None,
-            evaluators_per_node: 2,
+            evaluators: Evaluators::PerNode(2),
             count_threshold: 64,
             time_threshold: Duration::from_millis(1),
             evaluation: Evaluation::KeyBased,
@@ -127,9 +247,26 @@ impl F3TreeOptions {
         }
     }
 
-    /// The non-NUMA-aware preset.
+    /// `f3tree-nonuma`, our stand-in for §3.2's F3-tree(I): FOs and tree interleaved over the
+    /// nodes, two unpinned evaluators per node serving any list (the paper's (I) has two in
+    /// total, pinned to the first node).
     pub fn non_numa() -> F3TreeOptions {
-        F3TreeOptions { numa_aware: false, ..F3TreeOptions::default() }
+        F3TreeOptions {
+            numa_aware: false,
+            evaluators: Evaluators::Unbound(2),
+            ..F3TreeOptions::default()
+        }
+    }
+
+    /// F3-tree(NI), Fig. 9's baseline: PTFOs in the producer's local PM, two evaluate threads in
+    /// total pinned to the first node and serving every list (the tree they grow lives there).
+    pub fn ni() -> F3TreeOptions {
+        F3TreeOptions { evaluators: Evaluators::FirstNode(2), ..F3TreeOptions::default() }
+    }
+
+    /// F3-tree(N2), Figs. 8-9: NUMA-aware with two evaluate threads in total.
+    pub fn n2() -> F3TreeOptions {
+        F3TreeOptions { evaluators: Evaluators::Total(2), ..F3TreeOptions::default() }
     }
 
     fn validate(&self) -> Result<()> {
@@ -139,11 +276,18 @@ impl F3TreeOptions {
                 self.fo_entries
             )));
         }
-        if self.evaluators_per_node == 0 {
-            return Err(Error::InvalidOptions("evaluators_per_node must be at least 1".into()));
+        if self.evaluators.count() == 0 {
+            return Err(Error::InvalidOptions(format!(
+                "evaluators {}: at least 1 evaluate thread is needed",
+                self.evaluators
+            )));
         }
-        if self.fo_limit == Some(0) {
-            return Err(Error::InvalidOptions("fo_limit must be at least 1 (or unlimited)".into()));
+        // A list always keeps its head FO (the producer appends there; `drain` never frees
+        // it), so with a limit of 1 a producer whose only FO is full would wait forever.
+        if matches!(self.fo_limit, Some(n) if n < 2) {
+            return Err(Error::InvalidOptions(
+                "fo_limit must be at least 2 (a list always keeps its head FO) or unlimited".into(),
+            ));
         }
         if let Evaluation::NodeBatched { batch: 0 } = self.evaluation {
             return Err(Error::InvalidOptions("a batch must hold at least 1 entry".into()));
@@ -187,6 +331,8 @@ pub(crate) struct Counters {
     /// Node-batched evaluation: entries written into the leaf of the previous entry without a
     /// descent from the root.
     pub leaf_reuses: AtomicU64,
+    /// Evaluations of an entry that waited for another evaluator's tree write of the same key.
+    pub apply_waits: AtomicU64,
     /// PM lines per phase (while accounting is on).
     pub phases: Phases,
 }
@@ -219,7 +365,7 @@ pub(crate) struct Inner {
     pub eval_error: Mutex<Option<String>>,
     /// Set while an evaluator's last attempt failed for lack of space (the node it needed).
     pub eval_oos: Mutex<Option<usize>>,
-    /// Lists created so far per node (NUMA-aware) or in all (non-NUMA): the rank that spreads
+    /// Lists created so far per node (node-bound evaluators) or in all: the rank that spreads
     /// lists over evaluators.
     pub ranks: Vec<AtomicU64>,
 }
@@ -360,12 +506,15 @@ impl Inner {
         let idx = self.reserve(list)?;
         self.counters.phases.end(Phase::ProducerPtfo);
         let mut shard = self.table.lock(key);
+        let pending::Shard { map, next_version } = &mut *shard;
+        // One probe of the shard's map: the entry decides the result and takes the new value.
+        let slot = map.entry(key);
         // A blind write (upsert) needs no current value: its entry supersedes whatever the key
         // holds. The others decide their result from the logical value: table, else tree.
-        let current = match shard.map.get(&key) {
+        let current = match &slot {
             _ if kind == Write::Upsert => None,
-            Some(p) => p.value,
-            None => self.tree.get(key)?,
+            Entry::Occupied(p) => p.get().value,
+            Entry::Vacant(_) => self.tree.get(key)?,
         };
         self.counters.phases.end(Phase::ProducerTree);
         let tomb = match kind {
@@ -374,14 +523,23 @@ impl Inner {
             Write::Remove => true,
             _ => false,
         };
-        let version = shard.bump();
+        let version = *next_version;
+        *next_version += 1;
         let meta = version | if tomb { TOMB } else { 0 };
         let loc = ptfo::append(&self.pool, list, idx, key, if tomb { 0 } else { value }, meta)?;
-        // The new entry is durable: the superseded one must never be replayed.
-        if let Some(old) = shard.map.get(&key) {
-            ptfo::mark_dead(&self.pool, old.loc)?;
+        let mut new = Pending { version, loc, value: (!tomb).then_some(value), applying: false };
+        match slot {
+            Entry::Occupied(mut p) => {
+                // The new entry is durable: the superseded one must never be replayed.
+                ptfo::mark_dead(&self.pool, p.get().loc)?;
+                // An evaluator still writing the superseded entry into the tree clears this.
+                new.applying = p.get().applying;
+                p.insert(new);
+            }
+            Entry::Vacant(v) => {
+                v.insert(new);
+            }
         }
-        shard.map.insert(key, Pending { version, loc, value: (!tomb).then_some(value) });
         self.counters.phases.end(Phase::ProducerPtfo);
         Ok(true)
     }
@@ -413,9 +571,16 @@ impl Inner {
     /// already walked): a measurement mode for read-only runs, not for mixed workloads.
     fn search_ptfos(&self, key: u64) -> Result<Option<Option<u64>>> {
         let lists: Vec<Arc<List>> = self.lists.read().clone();
+        numakv_pmem::pause_point!("f3tree.search_ptfos.listed");
         let mut best: Option<(u64, Option<u64>)> = None;
         for l in &lists {
             let cur = l.cursor.lock();
+            // A recovered list retired since it was listed: its last FO (`cur.fo`) is freed and
+            // may already be another block. `retired` is set under this cursor lock, so it is
+            // seen here whenever the free happened.
+            if l.retired.load(Ordering::Relaxed) {
+                continue;
+            }
             let head = l.head();
             let mut fo = cur.fo;
             let mut start = cur.idx;
@@ -466,6 +631,17 @@ impl F3Tree {
     /// The global FAST&FAIR tree (entries not yet evaluated are not in it).
     pub fn tree(&self) -> &FastFair {
         &self.inner.tree
+    }
+
+    /// Whether the background part of the last open (the tree's walk, NSM's collection, the
+    /// tree's repairs) is still running.
+    pub fn recovery_pending(&self) -> bool {
+        self.inner.tree.recovery_pending()
+    }
+
+    /// Waits for the background part of the last open; its report (`None` after a create).
+    pub fn wait_recovery(&self) -> Result<Option<RecoveryReport>> {
+        self.inner.tree.wait_recovery()
     }
 
     /// Keys currently pending in PTFOs.
@@ -551,6 +727,7 @@ impl Index for F3Tree {
             ("eval_errors", get(&c.eval_errors)),
             ("evaluators_pinned", get(&c.evaluators_pinned)),
             ("leaf_reuses", get(&c.leaf_reuses)),
+            ("apply_waits", get(&c.apply_waits)),
             ("evaluator_pin_failures", get(&c.pin_failures)),
         ]);
         for ph in Phase::ALL {
@@ -614,10 +791,14 @@ pub(crate) fn new_inner(
     })
 }
 
-/// Gives `l` the next rank of its node (NUMA-aware) or of all lists (non-NUMA), so that
-/// consecutive lists go to different evaluators.
+/// Gives `l` the next rank of its node (node-bound evaluators) or of all lists (the others), so
+/// that consecutive lists go to different evaluators.
 pub(crate) fn assign_rank(opts: &F3TreeOptions, ranks: &[AtomicU64], l: &List) {
-    let counter = if opts.numa_aware { &ranks[l.node.min(ranks.len() - 1)] } else { &ranks[0] };
+    let counter = if opts.evaluators.ranks_per_node() {
+        &ranks[l.node.min(ranks.len() - 1)]
+    } else {
+        &ranks[0]
+    };
     // ORDERING: Relaxed; a counter, read by nobody else.
     l.rank.store(counter.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
 }
@@ -669,6 +850,9 @@ impl Engine for F3Tree {
         if let Some(e) = self.inner.eval_error.lock().take() {
             return Err(Error::corrupted(ENGINE, format!("evaluation failed: {e}")));
         }
+        // The tree's background recovery (after a lazy open) finishes before the pool closes,
+        // so that a cleanly closed store is collected and repaired.
+        self.inner.tree.wait_recovery()?;
         self.inner.pool.close()?;
         Ok(())
     }
@@ -682,5 +866,53 @@ impl F3Tree {
     /// NSM, shared by the tree and the FOs.
     pub fn nsm(&self) -> &Arc<Nsm> {
         &self.inner.nsm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Evaluators;
+
+    /// Every list (node, rank) is served by exactly one evaluator, and node-bound placements
+    /// serve a list from its own node whenever that node has an evaluator.
+    #[test]
+    fn every_list_has_exactly_one_evaluator() {
+        for nodes in 1..=5 {
+            for n in 1..=5 {
+                for ev in [
+                    Evaluators::PerNode(n),
+                    Evaluators::Total(n),
+                    Evaluators::FirstNode(n),
+                    Evaluators::Unbound(n),
+                ] {
+                    let total = ev.threads(nodes);
+                    for node in 0..nodes {
+                        for rank in 0..12u64 {
+                            let who: Vec<usize> =
+                                (0..total).filter(|&g| ev.serves(g, nodes, node, rank)).collect();
+                            assert_eq!(who.len(), 1, "{ev} on {nodes} nodes, list {node}/{rank}");
+                            let (at, pinned) = ev.node_of(who[0], nodes);
+                            match ev {
+                                Evaluators::PerNode(_) => assert_eq!(at, node),
+                                Evaluators::Total(t) if node < t => assert_eq!(at, node),
+                                Evaluators::FirstNode(_) => assert_eq!(at, 0),
+                                _ => {}
+                            }
+                            assert_eq!(pinned, !matches!(ev, Evaluators::Unbound(_)));
+                        }
+                    }
+                    // Ranks spread a node's lists over all of its evaluators.
+                    if let Evaluators::PerNode(_) = ev {
+                        let used: std::collections::HashSet<usize> = (0..n as u64)
+                            .flat_map(|r| (0..total).filter(move |&g| ev.serves(g, nodes, 0, r)))
+                            .collect();
+                        assert_eq!(used.len(), n);
+                    }
+                    assert_eq!(ev.to_string().parse::<Evaluators>(), Ok(ev));
+                }
+            }
+        }
+        assert!("sideways:2".parse::<Evaluators>().is_err());
+        assert_eq!("3".parse::<Evaluators>(), Ok(Evaluators::PerNode(3)));
     }
 }

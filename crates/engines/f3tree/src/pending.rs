@@ -7,18 +7,22 @@
 //!
 //! - a producer decides an operation's result (insert-if-absent, update-if-present, remove) and
 //!   appends its FO entry while holding the key's shard;
-//! - an evaluator applies an entry to the tree — and removes the key from the table — while
-//!   holding the key's shard, and only if the table still names that very entry.
+//! - an evaluator applies an entry to the tree only if the table names that very entry (checked
+//!   under the shard lock), with the key flagged `applying` — the tree write itself runs outside
+//!   the lock, so producers of the shard's other keys never wait for a tree split — and removes
+//!   the key from the table, under the lock, once the entry is durably processed and only if the
+//!   table still names it.
 //!
-//! Hence the logical value of a key is `table[key]` if pending, else the tree's; the tree changes
-//! a key only under its shard, together with the table. Each shard also draws the versions of
+//! Hence the logical value of a key is `table[key]` if pending, else the tree's: the tree changes
+//! a key only while the key is pending (its write in flight), and only to the value of an entry
+//! that was the key's latest when the write began; keys in flight are written by one evaluator
+//! at a time, in version order. Each shard also draws the versions of
 //! its keys from its own counter (bumped under the shard lock), so versions of one key increase
 //! across threads; after a crash every counter restarts above every version found in PM.
 
-use std::collections::HashMap;
-
 use numakv_pmem::PPtr;
 use parking_lot::{Mutex, MutexGuard};
+use rustc_hash::FxHashMap;
 
 /// Shards of the table (a power of two).
 pub const SHARDS: usize = 256;
@@ -32,13 +36,19 @@ pub struct Pending {
     pub loc: PPtr,
     /// The pending value; `None` for a pending delete (tombstone).
     pub value: Option<u64>,
+    /// An evaluator is writing an entry of this key (this one or one it superseded) into the
+    /// tree, outside the shard lock: no other evaluator may write the key until it clears the
+    /// flag, so the tree receives a key's versions in order. A superseding write keeps it.
+    pub applying: bool,
 }
 
 /// One shard: its keys and its version counter.
 #[derive(Debug, Default)]
 pub struct Shard {
-    /// Pending keys of this shard.
-    pub map: HashMap<u64, Pending>,
+    /// Pending keys of this shard. FxHash: keys are u64 and the table is not exposed to
+    /// untrusted input in a way that makes collision attacks a concern beyond performance
+    /// (a producer is probed once per write; SipHash cost a measurable share of the hot path).
+    pub map: FxHashMap<u64, Pending>,
     /// The next version this shard hands out (≥ 1).
     pub next_version: u64,
 }
@@ -68,7 +78,9 @@ impl PendingTable {
     /// An empty table whose versions start at `first_version`.
     pub fn new(first_version: u64) -> PendingTable {
         let shards = (0..SHARDS)
-            .map(|_| Mutex::new(Shard { map: HashMap::new(), next_version: first_version.max(1) }))
+            .map(|_| {
+                Mutex::new(Shard { map: FxHashMap::default(), next_version: first_version.max(1) })
+            })
             .collect();
         PendingTable { shards }
     }

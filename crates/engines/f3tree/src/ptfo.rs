@@ -8,12 +8,16 @@
 //!   valid; flush + fence — the *durability point* of the operation — then publish it to the
 //!   consumer (`head_used`) and to the table.
 //! - **new FO** (Fig. 4b, Algorithm 1 lines 10–13): the block is zeroed and its header written
-//!   (`next` = the current head) and persisted *before* it is linked; then the old head's `prev`
-//!   points to it and is persisted — from then on a walk from the tail reaches it (the multi-FO
-//!   durability point); then the directory's head hint.
-//! - **unlink** (Algorithm 1 lines 28–29): once every entry of the tail FO is dead and a newer FO
-//!   exists, the directory's tail moves to `prev` and is persisted; only then is the FO freed. A
-//!   crash in between leaves an unreachable block that NSM's recovery reclaims.
+//!   (`next` = the current head, `base` = the sequence number its entry 0 gets) and persisted
+//!   *before* it is linked; then the old head's `prev` points to it and is persisted — from then
+//!   on a walk from the tail reaches it (the multi-FO durability point); then the directory's
+//!   head hint.
+//! - **watermark**: once per evaluation the consumer persists the list's `applied` sequence
+//!   number (only upwards): entries below it are processed and never replayed.
+//! - **unlink** (Algorithm 1 lines 28–29): once every entry of the tail FO is processed (below
+//!   the durable watermark) and a newer FO exists, the directory's tail moves to `prev` and is
+//!   persisted; only then is the FO freed. A crash in between leaves an unreachable block that
+//!   NSM's recovery reclaims.
 //!
 //! Freed FOs go back to NSM at once, without an epoch grace period: nobody reads an FO without
 //! either being its list's producer (which only touches the head FO) or consumer, or holding the
@@ -29,7 +33,7 @@ use numakv_pmem::alloc::PmAllocator;
 use numakv_pmem::{PPtr, Pool};
 use parking_lot::Mutex;
 
-use crate::layout::{fo_bytes, Desc, Fo, FoEntry, DEAD, FO_HEADER, FO_MAGIC};
+use crate::layout::{fo_bytes, Desc, Fo, FoEntry, DEAD, ENTRY_SIZE, FO_HEADER, FO_MAGIC};
 
 /// The consumer's position in a list.
 #[derive(Debug)]
@@ -129,6 +133,7 @@ pub fn alloc_fo(
     cap: usize,
     older: PPtr,
     slot: usize,
+    base: u64,
 ) -> Result<PPtr> {
     let p = nsm.alloc_on(fo_bytes(cap), Some(node))?;
     let fo = match Fo::resolve_new(pool, p, cap) {
@@ -147,7 +152,7 @@ pub fn alloc_fo(
     }
     fo.hdr.next.store(older.raw(), Ordering::Relaxed);
     fo.hdr.prev.store(0, Ordering::Relaxed);
-    fo.hdr.count.store(0, Ordering::Relaxed);
+    fo.hdr.base.store(base, Ordering::Relaxed);
     fo.hdr.cap.store(cap as u64, Ordering::Relaxed);
     fo.hdr.list.store(slot as u64, Ordering::Relaxed);
     fo.hdr.magic.store(FO_MAGIC, Ordering::Release);
@@ -166,10 +171,12 @@ pub fn create_list(
     node: usize,
     cap: usize,
 ) -> Result<List> {
-    let fo = alloc_fo(pool, nsm, node, cap, PPtr::NULL, slot)?;
+    let fo = alloc_fo(pool, nsm, node, cap, PPtr::NULL, slot, 0)?;
     desc.node.store(node as u64, Ordering::Relaxed);
     desc.head.store(fo.raw(), Ordering::Relaxed);
-    // PERSIST: node and head hint are durable before the tail that commits the list.
+    // A reused slot's watermark belongs to the list that had it.
+    desc.applied.store(0, Ordering::Relaxed);
+    // PERSIST: node, head hint and watermark are durable before the tail that commits the list.
     pool.persist_obj(desc);
     desc.tail.store(fo.raw(), Ordering::Release);
     // PERSIST: the list exists (its FO is reachable for recovery and NSM's GC).
@@ -182,7 +189,8 @@ pub fn create_list(
 pub fn link_new_fo(pool: &Pool, nsm: &Nsm, desc: &Desc, list: &List, node: usize) -> Result<()> {
     let old = list.head();
     let old_fo = Fo::resolve(pool, old)?;
-    let new = alloc_fo(pool, nsm, node, list.cap, old, list.slot)?;
+    let base = old_fo.seq(old_fo.cap);
+    let new = alloc_fo(pool, nsm, node, list.cap, old, list.slot, base)?;
     // ORDERING: Release; pairs with the consumer's Acquire of `prev` (`Fo::prev`).
     old_fo.hdr.prev.store(new.raw(), Ordering::Release);
     // PERSIST: DLP 2 of Fig. 4b — the new FO is reachable from the tail by a backward walk.
@@ -199,6 +207,10 @@ pub fn link_new_fo(pool: &Pool, nsm: &Nsm, desc: &Desc, list: &List, node: usize
 }
 
 /// Writes entry `idx` of the head FO (which has room) and makes it durable; returns its location.
+///
+/// The producer's own list only: its head FO is one `alloc_fo` made with `list.cap` entries, so
+/// the entry is addressed from the cached head pointer without resolving and re-validating the
+/// FO header per append.
 pub fn append(
     pool: &Pool,
     list: &List,
@@ -207,24 +219,28 @@ pub fn append(
     value: u64,
     meta: u64,
 ) -> Result<PPtr> {
-    let fo = Fo::resolve(pool, list.head())?;
-    if idx >= fo.cap {
+    if idx >= list.cap || list.recovering {
         return Err(Error::corrupted(crate::layout::ENGINE, "append beyond the head FO"));
     }
-    let e = fo.entry(pool, idx);
+    let loc = PPtr::from_raw(list.head().raw() + FO_HEADER + idx as u64 * ENTRY_SIZE);
+    // SAFETY: the head of a producer's (non-recovering) list was allocated by `alloc_fo` with
+    // `list.cap` entries, which checked that the whole block lies in the pool
+    // (`Fo::resolve_new`); `idx < list.cap`, and entries are 32-byte aligned in a 64-byte
+    // aligned block. Only this producer writes the head's unpublished entries.
+    let e = unsafe { pool.get_unchecked::<FoEntry>(loc) };
     e.key.store(key, Ordering::Relaxed);
     e.value.store(value, Ordering::Relaxed);
     // ORDERING: Release; key and value are visible before the meta word that validates them
     // (and, being in the same line, never durable without them being written first).
     e.meta.store(meta, Ordering::Release);
     // PERSIST: DLP 1 of Fig. 4a — the operation is durable; this is its durability point.
+    // (No FO `count` is kept: recovery finds the valid entries by their meta words, and a
+    // count store would dirty the header line on every append.)
     pool.persist_obj(e);
-    // The count is a hint (recovery counts valid entries): no flush of its own.
-    fo.hdr.count.store(idx as u64 + 1, Ordering::Relaxed);
     // ORDERING: Release; pairs with the consumer's Acquire: the durable entry is visible.
     list.head_used.store(idx + 1, Ordering::Release);
     list.produced.fetch_add(1, Ordering::Relaxed);
-    Ok(fo.entry_ptr(idx))
+    Ok(loc)
 }
 
 /// Marks the entry at `loc` dead and persists the mark.
@@ -235,6 +251,24 @@ pub fn mark_dead(pool: &Pool, loc: PPtr) -> Result<()> {
     // PERSIST: the entry is never replayed by a recovery (it was applied or superseded).
     pool.persist_obj(&e.meta);
     Ok(())
+}
+
+/// Moves the list's `applied` watermark up to `seq` and persists it: every entry before `seq` is
+/// processed (applied to the tree, whose writes are durable, or superseded and DEAD). One flush
+/// per evaluation instead of one DEAD mark per applied entry. Called by the list's one consumer.
+///
+/// Never moves it back: after a crash between an evaluation's watermark and its unlinks, a
+/// recovered list's first evaluation restarts at the tail and may end below the watermark;
+/// lowering it would make entries live again that were applied and may have been superseded
+/// since from another list (`tests/interleavings.rs`, `the_watermark_never_moves_back`).
+pub fn set_watermark(pool: &Pool, desc: &Desc, seq: u64) {
+    // ORDERING: Relaxed; only this list's consumer writes the watermark.
+    if seq <= desc.applied.load(Ordering::Relaxed) {
+        return;
+    }
+    desc.applied.store(seq, Ordering::Release);
+    // PERSIST: the entries below `seq` are never replayed after a crash.
+    pool.persist_obj(&desc.applied);
 }
 
 /// Unlinks the tail FO `fo` (fully processed; `newer` is its `prev`, non-null) and frees it.

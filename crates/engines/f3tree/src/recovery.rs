@@ -1,21 +1,30 @@
 //! Open with recovery (papers/f3tree.txt §4.3 last paragraph, §4.5).
 //!
-//! 1. Validate the format word and the directory; walk every list from its tail along `prev`
-//!    (the backward traversal of Fig. 4b: an FO linked by a persisted `prev` is reached even if
-//!    the head hint was not updated).
-//! 2. NSM recovers by garbage collection over the union of the tree's nodes
-//!    ([`FastFair::reachable`]), the directory and every FO reached: an FO allocated but not
-//!    linked, or unlinked but not freed, at the crash is reclaimed. Then
-//!    [`FastFair::open_with`] repairs the tree.
-//! 3. Read every FO's valid entries (the prefix of non-zero meta words). Live ones (not DEAD)
-//!    are, per key, at most one — or two in the window where a writer persisted a new entry but
-//!    not yet the DEAD mark of the one it superseded: the higher version wins and the others are
-//!    marked DEAD now, so they can never be replayed after the winner is applied and freed.
-//!    Every shard's version counter restarts above the highest version seen.
+//! 1. Validate the format word and the directory; open NSM with [`Nsm::recover_deferred`]:
+//!    every existing NSM extent is frozen (none of its blocks is handed out, new blocks come
+//!    from new pages) — O(extents), no reachability walk.
+//! 2. Walk every list from its tail along `prev` (the backward traversal of Fig. 4b: an FO
+//!    linked by a persisted `prev` is reached even if the head hint was not updated).
+//! 3. Read every FO's valid entries (the prefix of non-zero meta words). Live ones (not DEAD,
+//!    and at or above their list's `applied` watermark) are, per key, at most one — or two in
+//!    the window where a writer persisted a new entry but not yet the DEAD mark of the one it
+//!    superseded: the higher version wins and the others are marked DEAD now, so they can never
+//!    be replayed after the winner is applied and freed. Every shard's version counter restarts
+//!    above the highest version seen.
 //! 4. The winners go into a new hash table, still pointing into the pre-crash FOs, which become
 //!    *recovering* lists: evaluate threads checkpoint them like any list and then free them,
 //!    while the application — with new PTFOs and the new table — resumes at once (it sees the
 //!    pre-crash pending keys through the table). Lists without live entries are freed here.
+//! 5. The global tree is opened lazily ([`FastFair::open_deferred_with`]): `open` returns
+//!    without walking it. Its background pass walks the tree while the engine serves
+//!    operations, hands that walk plus the directory and the kept lists' FOs to
+//!    [`Nsm::collect`] — an FO allocated but not linked, or unlinked but not freed, at the crash
+//!    is reclaimed then — and repairs what a crash left in the tree. The FOs follow the deferred
+//!    protocol: they were reached at open, before any thread ran, and an FO unlinked later is
+//!    freed at once, which NSM holds back for the sweep.
+//!
+//! Cost of `open`: the directory, every FO still linked (bounded by the FO limit per list) and
+//! the NSM extents; not the tree.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -38,6 +47,8 @@ struct Found {
     slot: usize,
     node: usize,
     fos: Vec<PPtr>,
+    /// The list's `applied` watermark.
+    applied: u64,
 }
 
 /// The FOs of the list whose tail is `tail`, oldest first.
@@ -74,6 +85,9 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
     // Step 1.
     let dir_p = directory_ptr(&pool)?;
     let dir = layout::directory(&pool, dir_p)?;
+    let tree_opts = opts.tree_options();
+    let nsm = Nsm::recover_deferred(Arc::clone(&pool), opts.nsm_mode())?;
+    // Step 2.
     let mut seen = HashSet::new();
     let mut found = Vec::new();
     for (slot, d) in dir.iter().enumerate() {
@@ -83,15 +97,9 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
         }
         let fos = walk_list(&pool, tail, &mut seen)?;
         let node = (d.node.load(Ordering::Relaxed) as usize).min(pool.nodes() - 1);
-        found.push(Found { slot, node, fos });
+        let applied = d.applied.load(Ordering::Acquire);
+        found.push(Found { slot, node, fos, applied });
     }
-    // Step 2.
-    let tree_opts = opts.tree_options();
-    let mut reachable = FastFair::reachable(&pool, &tree_opts)?;
-    reachable.push(dir_p);
-    reachable.extend(found.iter().flat_map(|f| f.fos.iter().copied()));
-    let (nsm, nrec) = Nsm::recover(Arc::clone(&pool), opts.nsm_mode(), reachable)?;
-    let (tree, trep) = FastFair::open_with(Arc::clone(&pool), Arc::clone(&nsm), &tree_opts)?;
 
     // Step 3: live entries, the winner per key.
     let mut winners: HashMap<u64, (Pending, usize)> = HashMap::new();
@@ -116,7 +124,9 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
                 entries_total += 1;
                 let version = meta & VERSION_MASK;
                 max_version = max_version.max(version);
-                if meta & DEAD != 0 {
+                // Processed: DEAD, or below the list's watermark (applied to the tree, or
+                // superseded, before the evaluator's last durable batch).
+                if meta & DEAD != 0 || fo.seq(i) < f.applied {
                     continue;
                 }
                 live += 1;
@@ -126,7 +136,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
                 })?;
                 let loc = fo.entry_ptr(i);
                 let value = (meta & TOMB == 0).then(|| e.value.load(Ordering::Relaxed));
-                let cand = Pending { version, loc, value };
+                let cand = Pending { version, loc, value, applying: false };
                 match winners.get(&key).map(|w| w.0) {
                     Some(w) if w.version == version => {
                         return Err(Error::corrupted(
@@ -151,6 +161,10 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
     for &loc in &losers {
         ptfo::mark_dead(&pool, loc)?;
     }
+    // The FOs of lists kept below, and the directory: NSM's collection keeps them. (FOs of
+    // lists freed below are not listed: their frees during the pending collection are held
+    // back and done by the sweep.)
+    let mut extra = vec![dir_p];
     // Lists holding a winner are recovered; the others (only dead entries, or losers) are
     // freed now.
     let mut winners_in: HashMap<usize, u64> = HashMap::new();
@@ -175,6 +189,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
             continue;
         }
         let (tail, head) = (f.fos[0], f.fos[f.fos.len() - 1]);
+        extra.extend(f.fos.iter().copied());
         used.push(f.slot);
         lists.push(Arc::new(List::new(
             f.slot,
@@ -188,6 +203,10 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
             live_per_list[i],
         )));
     }
+    // Step 5: the tree, lazily: its background pass walks it while the engine serves
+    // operations, collects NSM over that walk plus `extra`, and repairs what a crash left.
+    let (tree, trep) =
+        FastFair::open_deferred_with(Arc::clone(&pool), Arc::clone(&nsm), &tree_opts, extra)?;
     let table = PendingTable::new(max_version + 1);
     let pending = winners.len() as u64;
     for (k, (p, _)) in winners {
@@ -202,8 +221,6 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &F3TreeOptions) -> Result<(Arc<Inner>,
         ("fo_entries_found", entries_total),
         ("pending_keys", pending),
         ("superseded_marked", losers.len() as u64),
-        ("nsm_free_blocks", nrec.blocks_free),
-        ("pages_reclaimed", nrec.pages_freed + nrec.large_freed),
     ];
     counters.extend(trep.counters.iter().map(|&(n, v)| (n, v)));
     Ok((inner, RecoveryReport { was_clean, elapsed: t0.elapsed(), counters }))

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use numakv_f3tree::F3TreeOptions;
+use numakv_f3tree::{Evaluators, F3TreeOptions};
 
 fn opts() -> F3TreeOptions {
     F3TreeOptions {
         numa_aware: false,
-        evaluators_per_node: 1,
+        evaluators: Evaluators::Unbound(1),
         fo_entries: 16,
         count_threshold: 200,
         time_threshold: Duration::from_millis(20),

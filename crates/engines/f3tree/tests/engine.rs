@@ -114,3 +114,70 @@ fn numa_aware_evaluators_are_pinned_and_non_numa_ones_are_not() {
     assert_eq!(tried(&t), 0, "the non-NUMA variant's evaluate threads are not bound");
     t.close().unwrap();
 }
+
+/// Blocks NSM holds per node (FOs, tree nodes, the directory).
+fn blocks_per_node(t: &F3Tree, nodes: usize) -> Vec<usize> {
+    let mut out = vec![0; nodes];
+    for p in t.nsm().allocated_blocks() {
+        out[p.node()] += 1;
+    }
+    out
+}
+
+/// One producer thread per node writes `per` random keys; then everything is evaluated.
+fn write_from_every_node(t: &Arc<F3Tree>, nodes: usize, per: u64) {
+    std::thread::scope(|s| {
+        for n in 0..nodes {
+            let t = Arc::clone(t);
+            s.spawn(move || {
+                numakv_numa::set_current_node(n);
+                for i in 0..per {
+                    let k = (i * nodes as u64 + n as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        >> 4
+                        | 1;
+                    t.upsert(k, i).unwrap();
+                }
+            });
+        }
+    });
+    assert!(t.wait_drained(Duration::from_secs(60)));
+}
+
+/// F3-tree(NI) (Fig. 9's baseline): the two evaluate threads run on the first node and serve
+/// every list, so the tree they grow lives there; only the producers' FOs are elsewhere. In
+/// F3-tree(N) each node's evaluators grow the tree from their node.
+#[test]
+fn ni_evaluators_serve_every_list_from_the_first_node() {
+    let ni = Arc::new(F3Tree::create(pool(2), &F3TreeOptions::ni()).unwrap());
+    write_from_every_node(&ni, 2, 3000);
+    let b = blocks_per_node(&ni, 2);
+    assert_eq!(b[1], 1, "NI: node 1 holds only its producer's head FO, got {b:?}");
+    assert!(b[0] > 10, "NI: the tree is on node 0, got {b:?}");
+    let tried = counter(&ni, "evaluators_pinned") + counter(&ni, "evaluator_pin_failures");
+    assert_eq!(tried, 2, "two evaluate threads in total");
+    ni.check().unwrap();
+    Arc::try_unwrap(ni).unwrap().close().unwrap();
+
+    let n = Arc::new(F3Tree::create(pool(2), &F3TreeOptions::default()).unwrap());
+    write_from_every_node(&n, 2, 3000);
+    let b = blocks_per_node(&n, 2);
+    assert!(b[1] > 10, "N: node 1's evaluators grow the tree there too, got {b:?}");
+    n.check().unwrap();
+    Arc::try_unwrap(n).unwrap().close().unwrap();
+}
+
+/// F3-tree(N2) on four nodes: two evaluate threads in total, on nodes 0 and 1; the lists of
+/// nodes 2 and 3 are served by them (node 2 by evaluator 0, node 3 by evaluator 1), so no tree
+/// node is allocated on nodes 2 and 3.
+#[test]
+fn n2_has_two_node_bound_evaluators_in_total() {
+    let t = Arc::new(F3Tree::create(pool(4), &F3TreeOptions::n2()).unwrap());
+    write_from_every_node(&t, 4, 1500);
+    let b = blocks_per_node(&t, 4);
+    assert_eq!((b[2], b[3]), (1, 1), "N2: nodes 2, 3 hold only head FOs, got {b:?}");
+    assert!(b[0] > 5 && b[1] > 5, "N2: the tree grows on nodes 0 and 1, got {b:?}");
+    let tried = counter(&t, "evaluators_pinned") + counter(&t, "evaluator_pin_failures");
+    assert_eq!(tried, 2, "two evaluate threads in total");
+    t.check().unwrap();
+    Arc::try_unwrap(t).unwrap().close().unwrap();
+}

@@ -25,7 +25,12 @@
 //! [`Nsm::recover`] on the union with its own blocks, and reopens them with
 //! [`FastFair::open_with`] — [`Engine::open`] would reclaim every block it cannot reach itself.
 //! `open_with` always recovers eagerly (the embedder already collected NSM; see docs/design.md,
-//! "Sharing a pool").
+//! "Sharing a pool"). An embedder that opens NSM with [`Nsm::recover_deferred`] instead reopens
+//! the tree with [`FastFair::open_deferred_with`]: lazily, the background pass collecting NSM
+//! over its walk plus the embedder's blocks.
+//!
+//! Pause points (docs/design.md §12): `fastfair.recovery.background`, the background pass of a
+//! lazy open before it walks the tree.
 //!
 //! ```
 //! use numakv_fastfair::{FastFair, FastFairOptions};
@@ -278,6 +283,30 @@ impl FastFair {
             return Err(Error::InvalidOptions("the NSM allocator belongs to another pool".into()));
         }
         recovery::open_with(pool, nsm, opts)
+    }
+
+    /// Opens the tree at `opts.root_slot_base` lazily over `nsm`, an allocator the caller opened
+    /// with [`Nsm::recover_deferred`] and shares with other structures of the pool: returns once
+    /// the format word and root are checked (O(1)), like [`RecoveryMode::Lazy`]; a background
+    /// pass walks the tree while it serves operations, hands that walk plus `extra` — the
+    /// caller's own reachable blocks, which must follow the deferred protocol documented at
+    /// [`Nsm::recover_deferred`] — to [`Nsm::collect`], then repairs the nodes and links
+    /// orphans. [`FastFair::wait_recovery`] waits for it; `opts.nsm_mode` and `opts.recovery`
+    /// are ignored.
+    ///
+    /// # Errors
+    /// `InvalidOptions` when `nsm` belongs to another pool or has no collection pending;
+    /// otherwise as [`Engine::open`].
+    pub fn open_deferred_with(
+        pool: Arc<Pool>,
+        nsm: Arc<Nsm>,
+        opts: &FastFairOptions,
+        extra: Vec<PPtr>,
+    ) -> Result<(FastFair, RecoveryReport)> {
+        if !Arc::ptr_eq(&pool, numakv_pmem::alloc::PmAllocator::pool(&*nsm)) {
+            return Err(Error::InvalidOptions("the NSM allocator belongs to another pool".into()));
+        }
+        recovery::open_deferred_with(pool, nsm, opts, extra)
     }
 
     /// Node size of this tree (as recorded in the store).

@@ -203,7 +203,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &FastFairOptions) -> Result<(FastFair,
             let tree = FastFair::new_handle(pool, nsm, node_size, base);
             // ORDERING: Relaxed; the handle is not shared yet (the spawn below publishes it).
             tree.repairing.store(true, Ordering::Relaxed);
-            start(&tree)?;
+            start(&tree, Vec::new())?;
             let report = RecoveryReport {
                 was_clean,
                 elapsed: t0.elapsed(),
@@ -280,14 +280,44 @@ pub(crate) enum Background {
     Cancelled,
 }
 
-/// Starts the background pass of a lazy open on its own thread.
-fn start(tree: &FastFair) -> Result<()> {
+/// [`FastFair::open_deferred_with`]: the lazy open over an embedder's deferred NSM, whose
+/// collection also keeps `extra`.
+pub(crate) fn open_deferred_with(
+    pool: Arc<Pool>,
+    nsm: Arc<Nsm>,
+    opts: &FastFairOptions,
+    extra: Vec<PPtr>,
+) -> Result<(FastFair, RecoveryReport)> {
+    let t0 = Instant::now();
+    if !nsm.collection_pending() {
+        return Err(Error::InvalidOptions(
+            "open_deferred_with needs an NSM opened with Nsm::recover_deferred".into(),
+        ));
+    }
+    let base = opts.root_slot_base;
+    let node_size = read_meta(&pool, base)?;
+    let root = PPtr::from_raw(pool.root(base + layout::SLOT_ROOT)?.load(Ordering::Acquire));
+    let r = Node::resolve(&pool, root, node_size)?;
+    if r.hdr.magic.load(Ordering::Acquire) != NODE_MAGIC || r.level() > 64 {
+        return Err(Error::corrupted(ENGINE, format!("root {root} is not a node (or above 64)")));
+    }
+    let was_clean = pool.was_clean();
+    let tree = FastFair::new_handle(pool, nsm, node_size, base);
+    // ORDERING: Relaxed; the handle is not shared yet (the spawn below publishes it).
+    tree.repairing.store(true, Ordering::Relaxed);
+    start(&tree, extra)?;
+    Ok((tree, RecoveryReport { was_clean, elapsed: t0.elapsed(), counters: vec![("deferred", 1)] }))
+}
+
+/// Starts the background pass of a lazy open on its own thread; `extra` joins the walk in the
+/// NSM collection (an embedder's blocks).
+fn start(tree: &FastFair, extra: Vec<PPtr>) -> Result<()> {
     let worker = tree.sibling_handle();
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&cancel);
     let handle = std::thread::Builder::new()
         .name("fastfair-recovery".into())
-        .spawn(move || worker.background_pass(&flag))
+        .spawn(move || worker.background_pass(&flag, extra))
         .map_err(|e| Error::Unsupported(format!("cannot start the recovery thread: {e}")))?;
     *tree.background.lock().unwrap_or_else(|e| e.into_inner()) =
         Background::Running { cancel, handle };
@@ -360,10 +390,16 @@ pub(crate) fn stop(tree: &FastFair, finish_it: bool) {
 impl FastFair {
     /// The background pass: walk, NSM collection, node repairs, orphans. `Ok(None)` when
     /// cancelled (nothing half done matters: each step is one the next open repeats).
-    fn background_pass(&self, cancel: &AtomicBool) -> Result<Option<RecoveryReport>> {
+    fn background_pass(
+        &self,
+        cancel: &AtomicBool,
+        extra: Vec<PPtr>,
+    ) -> Result<Option<RecoveryReport>> {
         let t0 = Instant::now();
-        let Some(reachable) = self.walk_concurrent(cancel)? else { return Ok(None) };
+        numakv_pmem::pause_point!("fastfair.recovery.background");
+        let Some(mut reachable) = self.walk_concurrent(cancel)? else { return Ok(None) };
         let nodes = reachable.len() as u64;
+        reachable.extend(extra);
         let Some(nrec) = self.nsm.collect(reachable, cancel)? else { return Ok(None) };
         if !self.repair_all(cancel)? {
             return Ok(None);
