@@ -21,6 +21,12 @@
 //!
 //! Formats, the crash states and the GC protocol: docs/design.md, section "NStore".
 //!
+//! Pause and fail points (`numakv_pmem::failpoint`, compiled in only with its `failpoints`
+//! feature, which this crate turns on in its dev-dependencies):
+//!
+//! - `nstore.gc.rewritten` (fail): a GC reclaim just rewrote a live entry and pointed the index at
+//!   the copy; failing stops the reclaim as if the next rewrite found no space.
+//!
 //! ```
 //! use numakv_index::{Engine, Index};
 //! use numakv_nstore::{NStore, NStoreOptions};
@@ -68,7 +74,8 @@ use crate::layout::{
     NodeMeta, Op, VAddr, AUX_META, ENGINE, MAX_CLUSTERS, MAX_NODES, MAX_SLOTS, META_MAGIC,
     OWNER_ENGINE, SLOT_FORMAT,
 };
-use crate::nlog::Nlog;
+pub use crate::nlog::FIRST_FILE_BYTES;
+use crate::nlog::{Need, Nlog};
 use crate::scan::ScanPool;
 pub use crate::vindex::{SccBytesIndex, SccIndex, VolatileBytesIndex, VolatileIndex};
 
@@ -82,7 +89,10 @@ pub struct NStoreOptions {
     /// Hash clusters (default 256, §V-A). Each has an active file on every node it is written
     /// from.
     pub clusters: u32,
-    /// Bytes of one Nlog file (default 8 MiB, §III-C), rounded up to the pool's page size.
+    /// Bytes an Nlog file grows to (default 8 MiB, §III-C), rounded up to the pool's page size.
+    /// A (node, cluster)'s first file is smaller ([`FIRST_FILE_BYTES`]) and
+    /// each next one doubles up to this size, so that the files of idle clusters hold little
+    /// PM (docs/design.md, "NStore", Space).
     pub log_file_size: u64,
     /// GC reclaims a sealed file once more than this share of its entries is garbage
     /// (default 0.5, §V-F). In `0.0..1.0`.
@@ -160,6 +170,29 @@ impl NStoreOptions {
         }
         Ok(pages as u32)
     }
+
+    /// The smallest node-file capacity (bytes) a store with these options works in with pages
+    /// of `page_size` bytes: the node meta page, every cluster's first file and the GC reserve
+    /// (docs/design.md, "NStore", Space). `create` refuses a smaller pool.
+    pub fn min_capacity_per_node(&self, page_size: u64) -> u64 {
+        let page_size = page_size.max(4096);
+        let file_pages = self.log_file_size.div_ceil(page_size).clamp(1, u64::from(u32::MAX));
+        let pages = Self::min_pages(self.clusters, page_size, file_pages as u32);
+        // The node file also holds the pool's header and page descriptors: grow until the heap
+        // has the pages.
+        let mut cap = pages * page_size;
+        while numakv_pmem::layout::geometry(cap, page_size).is_none_or(|(n, _)| n < pages) {
+            cap += page_size;
+        }
+        cap
+    }
+
+    /// Heap pages per node a store needs before any data: the meta page, one first file per
+    /// cluster and the GC reserve.
+    fn min_pages(clusters: u32, page_size: u64, file_pages: u32) -> u64 {
+        1 + u64::from(clusters) * u64::from(nlog::first_pages(page_size, file_pages))
+            + nlog::reserve_pages(file_pages)
+    }
 }
 
 /// Event counters (DRAM, per session).
@@ -193,6 +226,8 @@ pub(crate) struct Inner {
     /// check sees no file being reclaimed, so an index entry never names a file a reclaim
     /// retired between the check's scan and its lookup.
     pub gc_gate: RwLock<()>,
+    /// Files GC retired and not yet freed, in retire order ([`gc::drain_retired`]).
+    pub retired: Mutex<std::collections::VecDeque<gc::Retired>>,
 }
 
 /// splitmix64's finaliser: the key hash that picks the cluster (high half), the key-lock
@@ -251,6 +286,7 @@ impl Inner {
             wake: (Mutex::new(false), Condvar::new()),
             counters: Counters::default(),
             gc_gate: RwLock::new(()),
+            retired: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -297,7 +333,8 @@ impl Inner {
         };
         let node = my_node(self.nlog.nodes);
         let cluster = self.nlog.cluster_of(h);
-        let (file, off) = self.nlog.reserve_var(node, cluster, words)?;
+        let need = if op == Op::Del { Need::Delete } else { Need::Put };
+        let (file, off) = self.nlog.reserve_var(node, cluster, words, need)?;
         let version = self.nlog.next_version(cluster);
         let h_addr = old.map_or(0, |v| v.0);
         let va =
@@ -351,7 +388,8 @@ impl Inner {
         };
         let node = my_node(self.nlog.nodes);
         let cluster = self.nlog.cluster_of(h);
-        let (file, slot) = self.nlog.reserve(node, cluster)?;
+        let need = if op == Op::Del { Need::Delete } else { Need::Put };
+        let (file, slot) = self.nlog.reserve(node, cluster, need)?;
         let version = self.nlog.next_version(cluster);
         let h_addr = old.map_or(0, |v| v.0);
         let va = self.nlog.write(&file, slot, op, version, h_addr, key, value)?;
@@ -500,7 +538,10 @@ impl NStore {
                 && !inner.nlog.all_files().iter().any(|f| gc::eligible(inner, f));
             if n == 0 && idle {
                 epoch::pin().flush();
-                return Ok(true);
+                gc::drain_retired(inner);
+                if inner.retired.lock().is_empty() {
+                    return Ok(true);
+                }
             }
             if t0.elapsed() >= timeout {
                 return Ok(false);
@@ -649,6 +690,20 @@ impl Engine for NStore {
         if format.load(Ordering::Acquire) != 0 {
             return Err(Error::InvalidOptions("pool already holds an nstore".into()));
         }
+        let need = NStoreOptions::min_pages(opts.clusters, pool.page_size(), file_pages);
+        let (_, heap_pages) = pool.heap_usage(0)?;
+        if heap_pages < need {
+            return Err(Error::InvalidOptions(format!(
+                "a capacity of {} bytes per node is too small for nstore with {} clusters and \
+                 log_file_size {}: it needs at least {} bytes per node (the first file of \
+                 every cluster and the GC reserve); use a larger capacity, fewer clusters or a \
+                 smaller log_file_size",
+                pool.capacity(),
+                opts.clusters,
+                u64::from(file_pages) * pool.page_size(),
+                opts.min_capacity_per_node(pool.page_size())
+            )));
+        }
         let mut metas = Vec::new();
         for node in 0..pool.nodes() {
             let p = pool.alloc_pages(node, 1, OWNER_ENGINE, AUX_META)?;
@@ -682,6 +737,11 @@ impl Engine for NStore {
 
     fn close(mut self) -> Result<()> {
         self.shutdown();
+        // The background threads are stopped and the handle is consumed, so no reader can hold
+        // an address of a retired file: free them all now, in order, so that the file table
+        // the snapshot lists is exactly the files in PM (else the next open would reject the
+        // snapshot and scan the log).
+        gc::free_all_retired(&self.inner)?;
         if self.inner.opts.snapshot_on_close {
             snapshot::write(&self.inner)?;
         }
