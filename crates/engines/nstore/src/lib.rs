@@ -24,6 +24,8 @@
 //! Pause and fail points (`numakv_pmem::failpoint`, compiled in only with its `failpoints`
 //! feature, which this crate turns on in its dev-dependencies):
 //!
+//! - `nstore.get_bytes.located` (pause): `get_bytes` read the index and located the entry, and
+//!   has not read it yet.
 //! - `nstore.gc.rewritten` (fail): a GC reclaim just rewrote a live entry and pointed the index at
 //!   the copy; failing stops the reclaim as if the next rewrite found no space.
 //!
@@ -361,15 +363,25 @@ impl Inner {
                 self.counters.read_retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            return match e.read(va.file()) {
-                Some((Op::Ins | Op::Upd, k, v)) if k == key => Ok(Some(v)),
-                other => Err(layout::corrupted(format!(
-                    "index maps a {}-byte key to {:#x}, which holds {:?}",
-                    key.len(),
-                    va.0,
-                    other.map(|o| (o.0, o.1.len()))
-                ))),
-            };
+            numakv_pmem::pause_point!("nstore.get_bytes.located");
+            match e.read(va.file()) {
+                Some((Op::Ins | Op::Upd, k, v)) if k == key => return Ok(Some(v)),
+                // Not (any more) a valid entry of the key. After the index was read, the key
+                // may have been written again and GC may have marked this entry `inv` as
+                // history of the newer one: the entry moved, read the index again. Only if the
+                // index still names this address is the entry really not the key's.
+                other if self.bindex.get(key) == Some(va) => {
+                    return Err(layout::corrupted(format!(
+                        "index maps a {}-byte key to {:#x}, which holds {:?}",
+                        key.len(),
+                        va.0,
+                        other.map(|o| (o.0, o.1.len()))
+                    )))
+                }
+                _ => {
+                    self.counters.read_retries.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 
