@@ -63,6 +63,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use numakv_index::{
     check_key, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
 };
@@ -217,7 +218,9 @@ pub(crate) struct Inner {
     pub index: Box<dyn VolatileIndex>,
     /// The index of the variable-length keys (their own key space).
     pub bindex: Box<dyn VolatileBytesIndex>,
-    locks: Box<[Mutex<()>]>,
+    /// Key-lock stripes, one cache line each (no false sharing between writers of different
+    /// stripes).
+    locks: Box<[CachePadded<Mutex<()>>]>,
     pub cache: Option<Cache>,
     pub opts: NStoreOptions,
     /// Set when the handle shuts down: background threads stop.
@@ -281,7 +284,7 @@ impl Inner {
             nlog,
             index,
             bindex,
-            locks: (0..KEY_STRIPES).map(|_| Mutex::new(())).collect(),
+            locks: (0..KEY_STRIPES).map(|_| CachePadded::new(Mutex::new(()))).collect(),
             cache,
             opts,
             stop: AtomicBool::new(false),

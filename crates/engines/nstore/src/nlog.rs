@@ -19,6 +19,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
 use numakv_index::{Error, Result};
 use numakv_pmem::{PPtr, Pool, PoolError};
 use parking_lot::Mutex;
@@ -223,14 +224,15 @@ pub(crate) struct Nlog {
     tables: Vec<scc::HashMap<u32, Arc<LogFile>>>,
     /// `(node * clusters + cluster) * 2 + var` → the active file of fixed (var = 0) or
     /// variable-length (var = 1) entries; the mutex is the per-cluster write lock of §III-E,
-    /// held only to reserve a slot (and to replace a full file).
-    actives: Box<[Mutex<Active>]>,
+    /// held only to reserve a slot (and to replace a full file). One cache line each.
+    actives: Box<[CachePadded<Mutex<Active>>]>,
     /// Per node: file ids, and the lock that makes a file allocation's space check and
     /// allocation one step (so the reserve holds against concurrent allocations).
     ids: Vec<Mutex<IdAlloc>>,
     /// Per cluster: the next version (shared by the cluster's files on every node, so the
     /// entries of one key — always in one cluster — are totally ordered).
-    versions: Box<[AtomicU64]>,
+    /// One cache line each: writers of different clusters do not share one.
+    versions: Box<[CachePadded<AtomicU64>]>,
     /// Files allocated this session.
     pub files_created: AtomicU64,
 }
@@ -255,13 +257,13 @@ impl Nlog {
             reserve_pages: reserve_pages(file_pages),
             tables: (0..nodes).map(|_| scc::HashMap::new()).collect(),
             actives: (0..nodes * clusters as usize * 2)
-                .map(|_| Mutex::new(Active { file: None, next_pages: first }))
+                .map(|_| CachePadded::new(Mutex::new(Active { file: None, next_pages: first })))
                 .collect(),
             ids: metas
                 .into_iter()
                 .map(|(meta, hwm)| Mutex::new(IdAlloc { next: hwm.max(1), hwm, meta }))
                 .collect(),
-            versions: (0..clusters).map(|_| AtomicU64::new(1)).collect(),
+            versions: (0..clusters).map(|_| CachePadded::new(AtomicU64::new(1))).collect(),
             files_created: AtomicU64::new(0),
         }
     }
