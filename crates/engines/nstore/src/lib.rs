@@ -50,6 +50,7 @@
 
 pub mod cache;
 mod check;
+mod filetable;
 mod gc;
 pub mod layout;
 mod nlog;

@@ -13,19 +13,22 @@
 //! - A node keeps a GC reserve ([`Nlog::reserve_pages`]): a put may not allocate a file into it,
 //!   a delete may use half of it, GC all of it, so that GC can always rewrite the live entries of
 //!   a file it reclaims, and a full store recovers once keys are deleted.
-//! - The DRAM file table maps (node, file id) → [`LogFile`]; an address resolves through it, so a
-//!   `v_addr`/`h_addr` naming a reclaimed file is recognised as dangling (ids are never reused).
+//! - The DRAM file table maps (node, file id) → [`LogFile`] (a dense array per node,
+//!   [`FileTable`]); an address resolves through it, so a `v_addr`/`h_addr` naming a reclaimed
+//!   file is recognised as dangling (ids are never reused).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use numakv_index::{Error, Result};
+use numakv_pmem::alloc::epoch;
 use numakv_pmem::{PPtr, Pool, PoolError};
 use parking_lot::Mutex;
 
 use numakv_pmem::PmBytes;
 
+use crate::filetable::FileTable;
 use crate::layout::{
     self, meta_word, var_meta_word, var_size_word, Entry, FileHeader, FileInfo, NodeMeta, Op,
     VAddr, VarHead, AUX_LOG, ENTRY_SIZE, ENTRY_WORDS, FILE_HEADER, ID_BATCH, MAX_FILE_ID,
@@ -221,7 +224,7 @@ pub(crate) struct Nlog {
     /// Pages of every node's GC reserve ([`reserve_pages`]).
     pub reserve_pages: u64,
     /// Per node: file id → file.
-    tables: Vec<scc::HashMap<u32, Arc<LogFile>>>,
+    tables: Vec<FileTable>,
     /// `(node * clusters + cluster) * 2 + var` → the active file of fixed (var = 0) or
     /// variable-length (var = 1) entries; the mutex is the per-cluster write lock of §III-E,
     /// held only to reserve a slot (and to replace a full file). One cache line each.
@@ -255,7 +258,7 @@ impl Nlog {
             file_pages,
             first_pages: first,
             reserve_pages: reserve_pages(file_pages),
-            tables: (0..nodes).map(|_| scc::HashMap::new()).collect(),
+            tables: (0..nodes).map(|_| FileTable::new()).collect(),
             actives: (0..nodes * clusters as usize * 2)
                 .map(|_| CachePadded::new(Mutex::new(Active { file: None, next_pages: first })))
                 .collect(),
@@ -275,7 +278,7 @@ impl Nlog {
             self.actives[self.active_slot(node, cluster, f.info.var)].lock().file =
                 Some(Arc::clone(&f));
         }
-        let _ = self.tables[node].insert_sync(f.info.id, f);
+        self.tables[node].insert(f);
     }
 
     /// Open: `f` is the newest file of its (node, cluster, kind); the next one doubles its size.
@@ -303,20 +306,12 @@ impl Nlog {
 
     /// The file `id` of `node`, if it exists.
     pub(crate) fn file(&self, node: usize, id: u32) -> Option<Arc<LogFile>> {
-        self.tables.get(node)?.read_sync(&id, |_, f| Arc::clone(f))
+        self.tables.get(node)?.get_arc(id)
     }
 
     /// Every file of `node`.
     pub(crate) fn files_of(&self, node: usize) -> Vec<Arc<LogFile>> {
-        let mut out = Vec::new();
-        if let Some(t) = self.tables.get(node) {
-            t.iter_sync(|_, f| {
-                out.push(Arc::clone(f));
-                true
-            });
-        }
-        out.sort_by_key(|f| f.info.id);
-        out
+        self.tables.get(node).map(FileTable::all).unwrap_or_default()
     }
 
     /// Every file.
@@ -326,7 +321,7 @@ impl Nlog {
 
     /// Removes `f` from the file table (GC, before its pages are freed).
     pub(crate) fn unlink(&self, f: &LogFile) {
-        self.tables[f.info.node].remove_sync(&f.info.id);
+        self.tables[f.info.node].remove(f.info.id);
     }
 
     /// The entry `va` names, or `None` when its file no longer exists (reclaimed by GC; the
@@ -336,11 +331,12 @@ impl Nlog {
         let Some(table) = self.tables.get(va.node()) else {
             return Err(layout::corrupted(format!("address {:#x} names node {}", va.0, va.node())));
         };
-        let Some((base, slots, var)) =
-            table.read_sync(&va.file(), |_, f| (f.base, f.slots, f.info.var))
-        else {
-            return Ok(None);
+        let found = {
+            // Nested in the caller's guard; only for the borrow of the file.
+            let guard = epoch::pin();
+            table.get(va.file(), &guard).map(|f| (f.base, f.slots, f.info.var))
         };
+        let Some((base, slots, var)) = found else { return Ok(None) };
         if var || va.slot() >= slots || va.words() != ENTRY_WORDS {
             return Err(layout::corrupted(format!("address {:#x} is outside its file", va.0)));
         }
@@ -355,9 +351,7 @@ impl Nlog {
         let Some(table) = self.tables.get(va.node()) else {
             return Err(layout::corrupted(format!("address {:#x} names node {}", va.0, va.node())));
         };
-        let Some(f) = table.read_sync(&va.file(), |_, f| Arc::clone(f)) else {
-            return Ok(None);
-        };
+        let Some(f) = table.get_arc(va.file()) else { return Ok(None) };
         f.var_entry(&self.pool, va.slot(), va.words()).map(Some)
     }
 
@@ -440,7 +434,7 @@ impl Nlog {
         self.pool.persist_obj(h);
         self.files_created.fetch_add(1, Ordering::Relaxed);
         let f = Arc::new(LogFile::new(info, base, 0, false));
-        let _ = self.tables[node].insert_sync(id, Arc::clone(&f));
+        self.tables[node].insert(Arc::clone(&f));
         Ok(f)
     }
 
