@@ -29,6 +29,7 @@ fn a_default_store_takes_100k_distinct_keys_in_proportionate_space() {
     let used = pool.used_bytes(0).unwrap();
     // Every cluster's files (first one small, doubling) hold the entries: allocated PM is a
     // small multiple of what was written plus the first files, far from the 1 GiB capacity.
+    eprintln!("{n} keys: {used} bytes allocated, {} bytes in use", stats.pm_bytes());
     assert!(stats.pm_bytes() >= written, "{} < {written}", stats.pm_bytes());
     assert!(used < 96 << 20, "{used} bytes allocated for {written} bytes of entries");
     assert_eq!(s.check().unwrap().entries, n);
@@ -82,6 +83,7 @@ fn a_full_store_recovers_after_deletes_and_gc() {
     assert!(err.is_out_of_space(), "{err}");
     let full = model.len() as u64;
     assert!(full > 10_000, "ran full after {full} keys");
+    eprintln!("full after {full} keys");
     // Deletes may use part of the reserve: delete the oldest keys (whole files of them).
     let mut deleted = 0;
     for k in 1..=full / 2 {
@@ -96,6 +98,7 @@ fn a_full_store_recovers_after_deletes_and_gc() {
         }
     }
     assert!(deleted > 500, "only {deleted} deletes fit");
+    eprintln!("{deleted} deletes fit");
     assert!(s.gc_quiesce(std::time::Duration::from_secs(10)).unwrap(), "GC did not settle");
     assert!(s.stats().counter("gc_files_reclaimed").unwrap_or(0) > 0);
     for k in full + 1..=full + 200 {
