@@ -2,7 +2,9 @@
 //!
 //! JSON is `{"runs":[{...}], "failures":[{...}]}` with the fields of [`RunResult`] in declaration
 //! order; CSV has one header row with the same column names and one row per run
-//! (`pm_bytes_per_node` joined with `;`, absent values empty).
+//! (`pm_bytes_per_node` joined with `;`). A figure the run did not measure (PM columns without
+//! accounting, a reopen time not asked for) is `null` in JSON and `-` in the table and CSV,
+//! never 0.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -47,30 +49,50 @@ pub struct RunResult {
     pub p999_ns: u64,
     /// Largest sampled latency, ns.
     pub max_ns: u64,
-    /// Distinct PM lines read per operation (local + remote).
-    pub pm_reads_per_op: f64,
+    /// Distinct PM lines read per operation (local + remote), background threads' lines of the
+    /// counted phase included (amortised over its operations). This and the other PM figures
+    /// are `None` (JSON `null`, table and CSV `-`) when the run did not measure them: line counts
+    /// need accounting or latency emulation, flush and fence counts need accounting.
+    pub pm_reads_per_op: Option<f64>,
     /// Distinct PM lines written per operation (local + remote).
-    pub pm_writes_per_op: f64,
+    pub pm_writes_per_op: Option<f64>,
     /// PM lines read on another node per operation.
-    pub remote_reads_per_op: f64,
+    pub remote_reads_per_op: Option<f64>,
     /// PM lines written on another node per operation.
-    pub remote_writes_per_op: f64,
+    pub remote_writes_per_op: Option<f64>,
     /// Share of PM line accesses that were remote, 0..1.
-    pub remote_share: f64,
+    pub remote_share: Option<f64>,
     /// Cache-line flushes per operation.
-    pub flushes_per_op: f64,
+    pub flushes_per_op: Option<f64>,
     /// Fences per operation.
-    pub fences_per_op: f64,
+    pub fences_per_op: Option<f64>,
     /// Of `pm_reads_per_op`, lines read inside structural modifications (splits, copies and the
     /// allocator work they do), as the engine marks them (`numakv_pmem::account::smo_scope`).
     #[serde(default)]
-    pub smo_reads_per_op: f64,
+    pub smo_reads_per_op: Option<f64>,
     /// Of `pm_writes_per_op`, lines written inside structural modifications.
     #[serde(default)]
-    pub smo_writes_per_op: f64,
+    pub smo_writes_per_op: Option<f64>,
     /// Of `flushes_per_op`, flushes issued inside structural modifications.
     #[serde(default)]
-    pub smo_flushes_per_op: f64,
+    pub smo_flushes_per_op: Option<f64>,
+    /// Of `pm_reads_per_op`, the lines the benchmark's worker threads read themselves (the
+    /// rest is background threads' work: evaluation, GC, migration, switches).
+    #[serde(default)]
+    pub fg_pm_reads_per_op: Option<f64>,
+    /// Of `pm_writes_per_op`, the lines the worker threads wrote themselves.
+    #[serde(default)]
+    pub fg_pm_writes_per_op: Option<f64>,
+    /// Of `flushes_per_op`, the flushes the worker threads issued themselves.
+    #[serde(default)]
+    pub fg_flushes_per_op: Option<f64>,
+    /// Share of the counted PM line accesses (reads and writes) done by background threads
+    /// (or by the runner's wait for them), 0..1.
+    #[serde(default)]
+    pub bg_share: Option<f64>,
+    /// Background work still pending when the counted phase closed (it was not counted), if any.
+    #[serde(default)]
+    pub pending: Option<String>,
     /// PM bytes held after the run, all nodes.
     pub pm_bytes: u64,
     /// PM bytes per node.
@@ -150,6 +172,11 @@ pub const COLUMNS: &[&str] = &[
     "smo_reads_per_op",
     "smo_writes_per_op",
     "smo_flushes_per_op",
+    "fg_pm_reads_per_op",
+    "fg_pm_writes_per_op",
+    "fg_flushes_per_op",
+    "bg_share",
+    "pending",
     "pm_bytes",
     "pm_bytes_per_node",
     "dram_bytes",
@@ -169,8 +196,25 @@ fn csv_field(s: &str) -> String {
     }
 }
 
+/// A PM figure for arithmetic in the reproductions (which always count): NaN where the run did
+/// not measure it, so a missing figure shows as `NaN`, never as a plausible 0.
+pub(crate) fn figure(v: Option<f64>) -> f64 {
+    v.unwrap_or(f64::NAN)
+}
+
+/// A CSV cell: `-` for what was not measured.
 fn opt(v: Option<f64>) -> String {
-    v.map_or(String::new(), |x| format!("{x}"))
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x}"))
+}
+
+/// A table cell with `digits` decimals, `-` for what was not measured.
+fn cell(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
+}
+
+/// A share as a table cell, `-` for what was not measured.
+fn percent(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{:.0}%", x * 100.0))
 }
 
 impl RunResult {
@@ -192,16 +236,21 @@ impl RunResult {
             self.p99_ns.to_string(),
             self.p999_ns.to_string(),
             self.max_ns.to_string(),
-            self.pm_reads_per_op.to_string(),
-            self.pm_writes_per_op.to_string(),
-            self.remote_reads_per_op.to_string(),
-            self.remote_writes_per_op.to_string(),
-            self.remote_share.to_string(),
-            self.flushes_per_op.to_string(),
-            self.fences_per_op.to_string(),
-            self.smo_reads_per_op.to_string(),
-            self.smo_writes_per_op.to_string(),
-            self.smo_flushes_per_op.to_string(),
+            opt(self.pm_reads_per_op),
+            opt(self.pm_writes_per_op),
+            opt(self.remote_reads_per_op),
+            opt(self.remote_writes_per_op),
+            opt(self.remote_share),
+            opt(self.flushes_per_op),
+            opt(self.fences_per_op),
+            opt(self.smo_reads_per_op),
+            opt(self.smo_writes_per_op),
+            opt(self.smo_flushes_per_op),
+            opt(self.fg_pm_reads_per_op),
+            opt(self.fg_pm_writes_per_op),
+            opt(self.fg_flushes_per_op),
+            opt(self.bg_share),
+            csv_field(self.pending.as_deref().unwrap_or("")),
             self.pm_bytes.to_string(),
             self.pm_bytes_per_node.iter().map(u64::to_string).collect::<Vec<_>>().join(";"),
             self.dram_bytes.to_string(),
@@ -240,7 +289,7 @@ impl Report {
     pub fn to_table(&self) -> String {
         let header = [
             "engine", "workload", "thr", "nodes", "Mops/s", "p50", "p99", "p99.9", "PM rd/op",
-            "PM wr/op", "remote", "flush/op", "fence/op", "PM", "DRAM",
+            "PM wr/op", "bg", "remote", "flush/op", "fence/op", "PM", "DRAM",
         ];
         let rows: Vec<Vec<String>> = self
             .runs
@@ -255,11 +304,12 @@ impl Report {
                     human_ns(r.p50_ns),
                     human_ns(r.p99_ns),
                     human_ns(r.p999_ns),
-                    format!("{:.2}", r.pm_reads_per_op),
-                    format!("{:.2}", r.pm_writes_per_op),
-                    format!("{:.0}%", r.remote_share * 100.0),
-                    format!("{:.2}", r.flushes_per_op),
-                    format!("{:.2}", r.fences_per_op),
+                    cell(r.pm_reads_per_op, 2),
+                    cell(r.pm_writes_per_op, 2),
+                    percent(r.bg_share),
+                    percent(r.remote_share),
+                    cell(r.flushes_per_op, 2),
+                    cell(r.fences_per_op, 2),
                     human_bytes(r.pm_bytes),
                     human_bytes(r.dram_bytes),
                 ]
@@ -288,6 +338,16 @@ impl Report {
         line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>(), &mut out);
         for row in &rows {
             line(row, &mut out);
+        }
+        for r in self.runs.iter().filter(|r| r.pending.is_some()) {
+            let _ = writeln!(
+                out,
+                "note: {} {} t={}: background work not counted, still pending {}",
+                r.engine,
+                r.workload,
+                r.threads,
+                r.pending.as_deref().unwrap_or_default()
+            );
         }
         for f in &self.failures {
             let _ =
@@ -398,6 +458,38 @@ mod tests {
         assert_eq!(run["reopen_ms"], 1.5);
         assert!(run["recover_ms"].is_null());
         assert_eq!(v["failures"][0]["error"], "boom");
+    }
+
+    #[test]
+    fn unmeasured_figures_print_a_dash_and_null_never_zero() {
+        let mut report = sample();
+        report.runs[0].pm_reads_per_op = Some(1.25);
+        report.runs[0].pm_writes_per_op = Some(0.0);
+        let table = report.to_table();
+        let row = table.lines().nth(1).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        // PM rd/op, PM wr/op, bg, remote, flush/op, fence/op: measured lines, the rest not.
+        assert_eq!(&cells[8..14], ["1.25", "0.00", "-", "-", "-", "-"], "{table}");
+        let csv = report.to_csv();
+        let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+        let values: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+        let col = |name: &str| values[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!((col("pm_reads_per_op"), col("flushes_per_op")), ("1.25", "-"));
+        assert_eq!((col("bg_share"), col("recover_ms")), ("-", "-"));
+        let v: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
+        assert_eq!(v["runs"][0]["pm_writes_per_op"], 0.0);
+        assert!(v["runs"][0]["fences_per_op"].is_null());
+        assert!(v["runs"][0]["fg_pm_writes_per_op"].is_null());
+    }
+
+    #[test]
+    fn pending_background_work_is_reported_under_the_table() {
+        let mut report = sample();
+        report.runs[0].pending = Some("after 120 s: 7 entries to evaluate".into());
+        assert!(report.to_table().contains(
+            "note: rwlock-btreemap ycsb-a t=2: background work not counted, still pending after \
+             120 s: 7 entries to evaluate"
+        ));
     }
 
     #[test]

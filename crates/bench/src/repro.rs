@@ -26,6 +26,7 @@ use numakv_pmem::PersistMode;
 use crate::dist::Dist;
 use crate::error::{BenchError, Result};
 use crate::plot::{lines_svg, Series};
+use crate::report::figure;
 use crate::report::{write_file, Report};
 use crate::runner::{run_workloads, BenchConfig, Progress};
 use crate::target::Target;
@@ -414,17 +415,17 @@ fn pm_lines(
                 "| {} | {op} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | **{:.2}** | {:.2} | \
                  {:.2} | **{:.2}** | {:.2} | {:.0}% | {} |",
                 r.engine,
-                r.pm_reads_per_op,
-                r.smo_reads_per_op,
-                r.pm_reads_per_op - r.smo_reads_per_op,
-                r.pm_writes_per_op,
-                r.smo_writes_per_op,
-                r.pm_writes_per_op - r.smo_writes_per_op,
-                r.flushes_per_op,
-                r.smo_flushes_per_op,
-                r.flushes_per_op - r.smo_flushes_per_op,
-                r.fences_per_op,
-                r.remote_share * 100.0,
+                figure(r.pm_reads_per_op),
+                figure(r.smo_reads_per_op),
+                figure(r.pm_reads_per_op) - figure(r.smo_reads_per_op),
+                figure(r.pm_writes_per_op),
+                figure(r.smo_writes_per_op),
+                figure(r.pm_writes_per_op) - figure(r.smo_writes_per_op),
+                figure(r.flushes_per_op),
+                figure(r.smo_flushes_per_op),
+                figure(r.flushes_per_op) - figure(r.smo_flushes_per_op),
+                figure(r.fences_per_op),
+                figure(r.remote_share) * 100.0,
                 table_i_claim(&r.engine, op)
             );
         }
@@ -704,7 +705,10 @@ fn nbtree_alloc(
                 let _ = writeln!(
                     md,
                     "| {w} | {label} | {:.3} | {ratio} | {:.2} | {:.2} | {:.2} |",
-                    r.throughput_mops, r.pm_writes_per_op, r.smo_writes_per_op, r.pm_reads_per_op
+                    r.throughput_mops,
+                    figure(r.pm_writes_per_op),
+                    figure(r.smo_writes_per_op),
+                    figure(r.pm_reads_per_op)
                 );
             }
         }
@@ -853,8 +857,8 @@ fn nbtree_factors(
                     r.engine,
                     r.throughput_mops,
                     r.p99_ns as f64 / 1e3,
-                    r.pm_reads_per_op,
-                    r.pm_writes_per_op
+                    figure(r.pm_reads_per_op),
+                    figure(r.pm_writes_per_op)
                 );
             }
         }

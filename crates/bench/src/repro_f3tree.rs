@@ -13,6 +13,7 @@ use numakv_pmem::cachemodel::{CacheConfig, CacheStats, FlushKind};
 
 use crate::engines::EngineTarget;
 use crate::error::{BenchError, Result};
+use crate::report::figure;
 use crate::report::Report;
 use crate::repro::{base_config, failures_md, header, scaled, ReproOptions};
 use crate::runner::{run_workloads, BenchConfig, Progress};
@@ -453,13 +454,13 @@ pub(crate) fn numa(
             ops: r.ops,
             seconds: r.producer_secs,
             throughput_mops: if is_sweep { 0.0 } else { r.mops() },
-            pm_reads_per_op: per(r.all.reads()),
-            pm_writes_per_op: per(r.all.writes()),
-            remote_reads_per_op: per(r.all.reads_remote),
-            remote_writes_per_op: per(r.all.writes_remote),
-            remote_share: r.all.remote_share(),
-            flushes_per_op: per(r.all.flushes),
-            fences_per_op: per(r.all.fences),
+            pm_reads_per_op: Some(per(r.all.reads())),
+            pm_writes_per_op: Some(per(r.all.writes())),
+            remote_reads_per_op: Some(per(r.all.reads_remote)),
+            remote_writes_per_op: Some(per(r.all.writes_remote)),
+            remote_share: Some(r.all.remote_share()),
+            flushes_per_op: Some(per(r.all.flushes)),
+            fences_per_op: Some(per(r.all.fences)),
             seed: opts.seed,
             counters,
             ..Default::default()
@@ -542,11 +543,11 @@ pub(crate) fn numa(
              | {:.0}% |",
             run.engine,
             run.throughput_mops,
-            run.pm_reads_per_op + run.pm_writes_per_op,
-            run.remote_reads_per_op + run.remote_writes_per_op,
-            run.remote_reads_per_op,
-            run.remote_writes_per_op,
-            run.remote_share * 100.0
+            figure(run.pm_reads_per_op) + figure(run.pm_writes_per_op),
+            figure(run.remote_reads_per_op) + figure(run.remote_writes_per_op),
+            figure(run.remote_reads_per_op),
+            figure(run.remote_writes_per_op),
+            figure(run.remote_share) * 100.0
         );
     }
     md.push_str(

@@ -21,6 +21,7 @@ use crate::engines::EngineTarget;
 use crate::error::{BenchError, Result};
 use crate::plot::{lines_svg, Series};
 use crate::presets;
+use crate::report::figure;
 use crate::report::{write_file, Report};
 use crate::repro::{base_config, failures_md, header, scaled, ReproOptions};
 use crate::runner::{default_scratch, run_workloads, BenchConfig, Progress};
@@ -179,16 +180,18 @@ pub(crate) fn remote(
             "| {} | {:.3} | {:.2} | {:.2} | {:.0}% | {} | {} | {} |",
             r.engine,
             r.throughput_mops,
-            r.remote_reads_per_op + r.remote_writes_per_op,
-            r.pm_reads_per_op + r.pm_writes_per_op,
-            r.remote_share * 100.0,
+            figure(r.remote_reads_per_op) + figure(r.remote_writes_per_op),
+            figure(r.pm_reads_per_op) + figure(r.pm_writes_per_op),
+            figure(r.remote_share) * 100.0,
             counter(r, "nap_nal_keys"),
             counter(r, "nap_switches"),
             counter(r, "nap_nal_hits"),
         );
     }
     let get = |e: &str| report.runs.iter().find(|r| r.engine == e);
-    let rem = |r: &crate::report::RunResult| r.remote_reads_per_op + r.remote_writes_per_op;
+    let rem = |r: &crate::report::RunResult| {
+        figure(r.remote_reads_per_op) + figure(r.remote_writes_per_op)
+    };
     md.push('\n');
     for name in ["nap-fastfair", "nap-fastfair-cov"] {
         if let (Some(n), Some(f)) = (get(name), get("fastfair")) {

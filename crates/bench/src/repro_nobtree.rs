@@ -19,6 +19,7 @@ use numakv_pmem::LatencyModel;
 use crate::engines::EngineTarget;
 use crate::error::{BenchError, Result};
 use crate::presets;
+use crate::report::figure;
 use crate::report::{write_file, Report};
 use crate::repro::{base_config, failures_md, header, scaled, ReproOptions};
 use crate::runner::{default_scratch, run_workloads, BenchConfig, Progress};
@@ -90,9 +91,9 @@ pub(crate) fn remote(
             r.engine,
             r.workload,
             r.threads,
-            r.remote_reads_per_op,
-            r.pm_reads_per_op,
-            r.remote_share * 100.0,
+            figure(r.remote_reads_per_op),
+            figure(r.pm_reads_per_op),
+            figure(r.remote_share) * 100.0,
             r.throughput_mops
         );
     }
@@ -107,11 +108,15 @@ pub(crate) fn remote(
                 "- {}: remote reads/op {:.2} vs {:.2} ({:.0}% of fastfair's); throughput ratio \
                  {:.2}×; nobtree's remote reads are {}.",
                 w.name,
-                n.remote_reads_per_op,
-                f.remote_reads_per_op,
-                100.0 * n.remote_reads_per_op / f.remote_reads_per_op.max(1e-9),
+                figure(n.remote_reads_per_op),
+                figure(f.remote_reads_per_op),
+                100.0 * figure(n.remote_reads_per_op) / figure(f.remote_reads_per_op).max(1e-9),
                 n.throughput_mops / f.throughput_mops.max(1e-9),
-                if n.remote_reads_per_op < f.remote_reads_per_op { "lower" } else { "NOT lower" }
+                if figure(n.remote_reads_per_op) < figure(f.remote_reads_per_op) {
+                    "lower"
+                } else {
+                    "NOT lower"
+                }
             );
         }
     }
@@ -121,9 +126,9 @@ pub(crate) fn remote(
             "- upper layer: with every bottom node on the thread's node, a lookup reads {:.2} \
              remote lines ({:.2} lines in all): each thread's upper-layer replica is local, so \
              the upper layer contributes {} remote reads.",
-            r.remote_reads_per_op,
-            r.pm_reads_per_op,
-            if r.remote_reads_per_op == 0.0 { "no" } else { "SOME" }
+            figure(r.remote_reads_per_op),
+            figure(r.pm_reads_per_op),
+            if figure(r.remote_reads_per_op) == 0.0 { "no" } else { "SOME" }
         );
     }
     failures_md(&report, &mut md);

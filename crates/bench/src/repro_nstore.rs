@@ -17,6 +17,7 @@ use crate::dist::Dist;
 use crate::engines::EngineTarget;
 use crate::error::{BenchError, Result};
 use crate::plot::{lines_svg, Series};
+use crate::report::figure;
 use crate::report::Report;
 use crate::repro::{base_config, failures_md, header, scaled, ReproOptions};
 use crate::runner::{default_scratch, run_workloads, BenchConfig, Progress};
@@ -100,9 +101,9 @@ pub fn raf(
             "| {} | {cache} | {:.3} | {:.3} | {:.3} | {:.0}% | {} ns |",
             r.engine,
             r.throughput_mops,
-            r.pm_reads_per_op,
-            r.remote_reads_per_op,
-            r.remote_share * 100.0,
+            figure(r.pm_reads_per_op),
+            figure(r.remote_reads_per_op),
+            figure(r.remote_share) * 100.0,
             r.p99_ns
         );
     }

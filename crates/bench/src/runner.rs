@@ -465,6 +465,35 @@ impl Plan {
 /// first touch of each line, which is the same bookkeeping.
 pub const ACCOUNTED_SHARE: f64 = 0.25;
 
+/// How long a run waits for the background work of a phase (evaluation, GC, migrations, a
+/// switch) before it closes the phase anyway and reports what was pending.
+pub const BACKGROUND_LIMIT: Duration = Duration::from_secs(120);
+
+/// Waits for the index's background work (at most [`BACKGROUND_LIMIT`]) without counting what
+/// the wait itself does on this thread.
+fn settle(index: &dyn Index) {
+    let _ = index.quiesce(BACKGROUND_LIMIT);
+    account::op_discard();
+}
+
+/// Which PM columns a configuration measures: line counts come from accounting or from the
+/// latency emulation's bookkeeping; flushes and fences from accounting only. Neither without
+/// the substrate's `accounting` feature.
+#[derive(Clone, Copy, Debug)]
+struct Measured {
+    lines: bool,
+    flushes: bool,
+}
+
+impl Measured {
+    fn of(config: &BenchConfig) -> Measured {
+        Measured {
+            lines: account::COMPILED && (config.accounting || !config.latency.is_none()),
+            flushes: account::COMPILED && config.accounting,
+        }
+    }
+}
+
 /// What one worker measured.
 struct WorkerOut {
     /// Operations of the timed phase.
@@ -603,6 +632,9 @@ fn worker(a: WorkerArgs<'_>) -> WorkerOut {
     }
     account::op_discard();
     let before = account::thread_stats();
+    // Two meetings: between them the main thread waits for the warm-up's background work and
+    // takes the global snapshot the background figures start from.
+    shared.barrier.wait();
     shared.barrier.wait();
 
     let mut hist = new_histogram();
@@ -745,6 +777,7 @@ fn run_one(
     ui: &Ui,
 ) -> Result<RunResult> {
     let keys = config.keys.unwrap_or(workload.default_keys);
+    let measured = Measured::of(config);
     // A separate accounting phase (see ACCOUNTED_SHARE) unless nothing is counted, latency
     // emulation makes the timed phase do the bookkeeping anyway, or the target is a DRAM peer
     // (no PM to count).
@@ -860,6 +893,9 @@ fn run_one(
     account::set_latency(config.latency);
     // Split runs switch accounting on for their accounting phase only (below).
     account::set_enabled(config.accounting && !split);
+    // Whether the timed phase is itself counted (latency emulation, or a DRAM peer).
+    let counts_inline = !split && measured.lines;
+    let mut global_before = AccessStats::default();
     let accounted = accounted_total(total_ops);
     let outs: Vec<WorkerOut> = std::thread::scope(|s| -> Result<Vec<WorkerOut>> {
         let handles: Vec<_> = (0..threads)
@@ -889,6 +925,13 @@ fn run_one(
             })
             .collect();
         shared.barrier.wait();
+        if counts_inline {
+            // The timed phase is the counted one: start it with the warm-up's background work
+            // done, and count from here.
+            settle(&*shared.index);
+            global_before = account::global_stats();
+        }
+        shared.barrier.wait();
         let t0 = Instant::now();
         let mut counting_since: Option<Instant> = None;
         while !handles.iter().all(|h| h.is_finished()) {
@@ -904,6 +947,12 @@ fn run_one(
                 && counting_since.is_none()
                 && shared.arrived.load(Ordering::Acquire) == threads
             {
+                // The timed phase's background work is not the counted phase's: let it finish
+                // uncounted, then count from a global snapshot.
+                if !shared.failed.load(Ordering::Relaxed) {
+                    settle(&*shared.index);
+                }
+                global_before = account::global_stats();
                 account::set_enabled(true);
                 counting_since = Some(Instant::now());
                 // ORDERING: Release; pairs with the workers' Acquire wait.
@@ -925,6 +974,17 @@ fn run_one(
             .map(|h| h.join().map_err(|_| BenchError::Panic(label.clone())))
             .collect()
     })?;
+    // The counted phase closes once the background work its operations caused is done, with
+    // counting still on (docs/design.md §11).
+    let mut pending = Vec::new();
+    if (split || counts_inline) && !shared.failed.load(Ordering::Relaxed) {
+        run_bar.set_message(format!("{label}: waiting for background work"));
+        account::op_discard();
+        pending = shared.index.quiesce(BACKGROUND_LIMIT)?;
+        // What the wait did on this thread (an engine may work there) is background work too.
+        account::op_split();
+    }
+    let global = account::global_stats().since(&global_before);
     account::set_enabled(false);
     account::set_latency(LatencyModel::NONE);
     run_bar.finish_and_clear();
@@ -963,15 +1023,23 @@ fn run_one(
         _ => 0.0,
     };
     let mut hist = new_histogram();
-    let mut acc = AccessStats::default();
+    let mut fg = AccessStats::default();
     for o in &outs {
         let _ = hist.add(&o.hist);
-        acc.add(&o.stats);
+        fg.add(&o.stats);
     }
+    // Everything every thread published during the counted phase, background threads included;
+    // the workers' share of it is `fg` (the workers published nothing else meanwhile).
+    let mut acc = fg;
+    acc.add(&global.since(&fg));
     let per_op = |x: u64| if ops == 0 { 0.0 } else { x as f64 / ops as f64 };
     // PM figures are per operation of the phase that counted them.
     let counted_ops = if split { accounted_ops } else { ops };
     let per_counted = |x: u64| if counted_ops == 0 { 0.0 } else { x as f64 / counted_ops as f64 };
+    let lines = |x: u64| measured.lines.then(|| per_counted(x));
+    let flushes = |x: u64| measured.flushes.then(|| per_counted(x));
+    let all_lines = acc.reads() + acc.writes();
+    let bg_lines = all_lines - (fg.reads() + fg.writes());
     let (p50, p99, p999, max) = if hist.is_empty() {
         (0, 0, 0, 0)
     } else {
@@ -999,16 +1067,30 @@ fn run_one(
         p99_ns: p99,
         p999_ns: p999,
         max_ns: max,
-        pm_reads_per_op: per_counted(acc.reads()),
-        pm_writes_per_op: per_counted(acc.writes()),
-        remote_reads_per_op: per_counted(acc.reads_remote),
-        remote_writes_per_op: per_counted(acc.writes_remote),
-        remote_share: acc.remote_share(),
-        flushes_per_op: per_counted(acc.flushes),
-        fences_per_op: per_counted(acc.fences),
-        smo_reads_per_op: per_counted(acc.smo_reads),
-        smo_writes_per_op: per_counted(acc.smo_writes),
-        smo_flushes_per_op: per_counted(acc.smo_flushes),
+        pm_reads_per_op: lines(acc.reads()),
+        pm_writes_per_op: lines(acc.writes()),
+        remote_reads_per_op: lines(acc.reads_remote),
+        remote_writes_per_op: lines(acc.writes_remote),
+        remote_share: measured.lines.then(|| acc.remote_share()),
+        flushes_per_op: flushes(acc.flushes),
+        fences_per_op: flushes(acc.fences),
+        smo_reads_per_op: lines(acc.smo_reads),
+        smo_writes_per_op: lines(acc.smo_writes),
+        smo_flushes_per_op: flushes(acc.smo_flushes),
+        fg_pm_reads_per_op: lines(fg.reads()),
+        fg_pm_writes_per_op: lines(fg.writes()),
+        fg_flushes_per_op: flushes(fg.flushes),
+        bg_share: measured.lines.then(|| {
+            if all_lines == 0 {
+                0.0
+            } else {
+                bg_lines as f64 / all_lines as f64
+            }
+        }),
+        pending: (!pending.is_empty()).then(|| {
+            let what: Vec<String> = pending.iter().map(ToString::to_string).collect();
+            format!("after {} s: {}", BACKGROUND_LIMIT.as_secs(), what.join(", "))
+        }),
         pm_bytes: stats.pm_bytes(),
         pm_bytes_per_node: stats.pm_bytes_per_node.clone(),
         dram_bytes: stats.dram_bytes,

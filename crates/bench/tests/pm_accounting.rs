@@ -133,17 +133,20 @@ fn runner_reports_pm_lines_remote_share_flushes_and_space() {
     let config = toy_config();
     let (r, counted) = run_toy(&config);
     let r = &r;
-    let near = |x: f64, want: f64| (x - want).abs() < 0.03;
+    let near = |x: Option<f64>, want: f64| x.is_some_and(|x| (x - want).abs() < 0.03);
     // ycsb-a: half gets (one line read), half updates (one line written, flushed, fenced).
-    assert!(near(r.pm_reads_per_op, 0.5), "reads {}", r.pm_reads_per_op);
-    assert!(near(r.pm_writes_per_op, 0.5), "writes {}", r.pm_writes_per_op);
-    assert!(near(r.flushes_per_op, 0.5), "flushes {}", r.flushes_per_op);
-    assert!(near(r.fences_per_op, 0.5), "fences {}", r.fences_per_op);
+    assert!(near(r.pm_reads_per_op, 0.5), "reads {:?}", r.pm_reads_per_op);
+    assert!(near(r.pm_writes_per_op, 0.5), "writes {:?}", r.pm_writes_per_op);
+    assert!(near(r.flushes_per_op, 0.5), "flushes {:?}", r.flushes_per_op);
+    assert!(near(r.fences_per_op, 0.5), "fences {:?}", r.fences_per_op);
     // The two workers sit on nodes 0 and 1 and do half the operations each: worker 0's reads
     // (of node 1) and worker 1's writes (of node 0) are remote.
-    assert!(near(r.remote_reads_per_op, 0.25), "remote reads {}", r.remote_reads_per_op);
-    assert!(near(r.remote_writes_per_op, 0.25), "remote writes {}", r.remote_writes_per_op);
-    assert!((r.remote_share - 0.5).abs() < 0.05, "remote share {}", r.remote_share);
+    assert!(near(r.remote_reads_per_op, 0.25), "remote reads {:?}", r.remote_reads_per_op);
+    assert!(near(r.remote_writes_per_op, 0.25), "remote writes {:?}", r.remote_writes_per_op);
+    assert!(near(r.remote_share, 0.5), "remote share {:?}", r.remote_share);
+    // The toy has no background threads: everything counted is the workers' own.
+    assert_eq!(r.fg_pm_writes_per_op, r.pm_writes_per_op);
+    assert_eq!((r.bg_share, r.pending.as_deref()), (Some(0.0), None));
     assert_eq!((r.pm_bytes, r.pm_bytes_per_node.clone()), (12_288, vec![4096, 8192]));
     // The figures come from a separate accounting phase: the timed operations (and the
     // warm-up) ran with accounting off, then a quarter as many ran counted.
@@ -161,7 +164,25 @@ fn with_latency_emulation_the_timed_operations_are_the_counted_ones() {
     assert_eq!(r.accounted_ops, 0);
     // Warm-up and timed phase both counted (the warm-up's lines are discarded).
     assert_eq!(counted, r.ops + 2_000, "operations that ran with accounting on");
-    assert!((r.pm_reads_per_op - 0.5).abs() < 0.03, "reads {}", r.pm_reads_per_op);
+    assert!(r.pm_reads_per_op.is_some_and(|x| (x - 0.5).abs() < 0.03), "{:?}", r.pm_reads_per_op);
+    assert!(r.flushes_per_op.is_some_and(|x| (x - 0.5).abs() < 0.03), "{:?}", r.flushes_per_op);
+}
+
+#[test]
+fn latency_emulation_without_accounting_measures_lines_but_not_flushes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let config = BenchConfig {
+        accounting: false,
+        latency: numakv_pmem::LatencyModel::OPTANE,
+        ..toy_config()
+    };
+    let (r, _) = run_toy(&config);
+    // The emulation's bookkeeping counts lines (it charges each line's first touch) ...
+    assert!(r.pm_reads_per_op.is_some_and(|x| (x - 0.5).abs() < 0.03), "{:?}", r.pm_reads_per_op);
+    assert!(r.remote_share.is_some());
+    // ... but not flushes or fences: those were not measured, and say so.
+    assert_eq!((r.flushes_per_op, r.fences_per_op, r.smo_flushes_per_op), (None, None, None));
+    assert_eq!(r.fg_flushes_per_op, None);
 }
 
 #[test]
@@ -169,5 +190,23 @@ fn without_accounting_nothing_is_counted() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let config = BenchConfig { accounting: false, ..toy_config() };
     let (r, counted) = run_toy(&config);
-    assert_eq!((r.accounted_ops, counted, r.pm_reads_per_op), (0, 0, 0.0));
+    assert_eq!((r.accounted_ops, counted), (0, 0));
+    // Not measured is not zero: every PM figure is absent.
+    let figures = [
+        r.pm_reads_per_op,
+        r.pm_writes_per_op,
+        r.remote_reads_per_op,
+        r.remote_writes_per_op,
+        r.remote_share,
+        r.flushes_per_op,
+        r.fences_per_op,
+        r.smo_reads_per_op,
+        r.smo_writes_per_op,
+        r.smo_flushes_per_op,
+        r.fg_pm_reads_per_op,
+        r.fg_pm_writes_per_op,
+        r.fg_flushes_per_op,
+        r.bg_share,
+    ];
+    assert_eq!(figures, [None; 14]);
 }

@@ -426,3 +426,28 @@ fn a_default_nstore_store_takes_distinct_keys_one_process_each() {
     let small = tmp.path().join("small");
     fails(on(&small, "create", &["--engine", "nstore", "--capacity", "16M"]), 2, "at least");
 }
+
+#[test]
+fn inspect_lists_each_engine_counter_once() {
+    for &kind in EngineKind::all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let store = Store::create(&dir, kind, Options::default());
+        let store = store.unwrap_or_else(|e| panic!("{}: {e}", kind.name()));
+        for k in 1..=100u64 {
+            store.insert(k, k).unwrap();
+            store.get(k).unwrap();
+        }
+        store.close().unwrap();
+        let info = parse_json(&ok(on(&dir, "inspect", &["--json"])));
+        let counters = info["counters"].as_object().unwrap();
+        let text = ok(on(&dir, "inspect", &[])).stdout;
+        let listed = text.split("engine counters:").nth(1).unwrap_or_default();
+        let names: Vec<&str> = listed.lines().filter_map(|l| l.split_whitespace().next()).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(names.len(), unique.len(), "{}: a counter listed twice:\n{text}", kind.name());
+        assert_eq!(names.len(), counters.len(), "{}:\n{text}", kind.name());
+    }
+}

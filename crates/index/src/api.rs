@@ -96,6 +96,52 @@ pub trait Index: Send + Sync {
     /// Structural check (fsck) of the persistent and volatile structure. Run it while no other
     /// thread mutates the index. Fails with [`Error::Corrupted`] naming the violated invariant.
     fn check(&self) -> Result<CheckReport>;
+
+    /// Waits, at most about `limit`, until the background work that operations already returned
+    /// have caused is done (entries still to be evaluated into the tree, garbage a GC pass should
+    /// reclaim, queued migrations, an upper-layer rebuild or a switch in progress), and returns
+    /// what was still pending when it gave up: empty when the engine is idle. The work is done
+    /// by the engine's background threads or, where the engine says so, on the calling thread.
+    /// Engines without background threads return at once.
+    ///
+    /// The benchmark runner calls it before it closes a counted phase, so the phase's PM figures
+    /// include that work (docs/design.md §11).
+    fn quiesce(&self, limit: Duration) -> Result<Vec<Backlog>> {
+        let _ = limit;
+        Ok(Vec::new())
+    }
+}
+
+/// Background work an engine still owed when [`Index::quiesce`] returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backlog {
+    /// What is pending, e.g. `"entries to evaluate"`.
+    pub what: &'static str,
+    /// How much of it.
+    pub count: u64,
+}
+
+impl std::fmt::Display for Backlog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.count, self.what)
+    }
+}
+
+/// Polls `pending` every millisecond until it reports nothing or `limit` has passed, and returns
+/// its last answer: the body of most [`Index::quiesce`] implementations, whose background threads
+/// do the work while the caller waits.
+pub fn wait_for_background(
+    limit: Duration,
+    mut pending: impl FnMut() -> Vec<Backlog>,
+) -> Vec<Backlog> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let now = pending();
+        if now.is_empty() || std::time::Instant::now() >= deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// A concrete engine: how to create one on a fresh pool, recover one from a pool, and close it.

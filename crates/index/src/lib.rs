@@ -13,8 +13,8 @@ mod error;
 pub mod testkit;
 
 pub use api::{
-    check_fresh_pool, check_key, check_pool_engine, hosts_engine, CheckReport, Engine, EngineStats,
-    Index, RecoveryReport, MAX_KEY, MIN_KEY,
+    check_fresh_pool, check_key, check_pool_engine, hosts_engine, wait_for_background, Backlog,
+    CheckReport, Engine, EngineStats, Index, RecoveryReport, MAX_KEY, MIN_KEY,
 };
 pub use error::{Error, Result};
 pub use numakv_pmem as pmem;

@@ -349,6 +349,12 @@ impl Index for Store {
     fn check(&self) -> numakv_index::Result<CheckReport> {
         self.index().check()
     }
+    fn quiesce(
+        &self,
+        limit: std::time::Duration,
+    ) -> numakv_index::Result<Vec<numakv_index::Backlog>> {
+        self.index().quiesce(limit)
+    }
 }
 
 /// What [`Store::inspect`] reports.

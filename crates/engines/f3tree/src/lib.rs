@@ -57,7 +57,7 @@ use std::time::Duration;
 
 use numakv_fastfair::{FastFair, FastFairOptions};
 use numakv_index::{
-    check_key, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
+    check_key, Backlog, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
 };
 use numakv_numa as numa;
 use numakv_pmem::alloc::nsm::{Nsm, NsmMode};
@@ -702,6 +702,19 @@ impl Index for F3Tree {
 
     fn scan(&self, start: u64, max: usize, out: &mut Vec<(u64, u64)>) -> Result<usize> {
         scan::scan(&self.inner, start, max, out)
+    }
+
+    /// Drains the PTFOs ([`F3Tree::wait_drained`]): the evaluate threads apply every entry
+    /// written so far to the tree.
+    fn quiesce(&self, limit: Duration) -> Result<Vec<Backlog>> {
+        if self.wait_drained(limit) {
+            return Ok(Vec::new());
+        }
+        let entries: u64 = self.inner.lists.read().iter().map(|l| l.pending()).sum();
+        Ok(vec![
+            Backlog { what: "entries to evaluate", count: entries },
+            Backlog { what: "keys pending in PTFOs", count: self.pending_keys() as u64 },
+        ])
     }
 
     fn stats(&self) -> EngineStats {

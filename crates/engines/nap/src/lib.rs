@@ -56,7 +56,9 @@ use std::time::Duration;
 
 use numakv_f3tree::F3Tree;
 use numakv_fastfair::FastFair;
-use numakv_index::{CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result};
+use numakv_index::{
+    Backlog, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
+};
 use numakv_nbtree::NbTree;
 use numakv_nobtree::Nobtree;
 use numakv_nstore::NStore;
@@ -404,6 +406,26 @@ impl<I: Inner> Index for Nap<I> {
 
     fn check(&self) -> Result<CheckReport> {
         self.shared.check()
+    }
+
+    /// Waits for a switch in progress (or a stalled one's completion) to finish, then for the
+    /// raw index's own background work. A switch the switch thread has not decided yet is not
+    /// waited for: it is the next period's work.
+    fn quiesce(&self, limit: Duration) -> Result<Vec<Backlog>> {
+        let t0 = std::time::Instant::now();
+        let switching = numakv_index::wait_for_background(limit, || {
+            let busy = self.shared.switch_lock.is_locked()
+                // ORDERING: Acquire; pairs with the Release that records a stall.
+                || self.shared.stalled.load(Ordering::Acquire);
+            if busy {
+                vec![Backlog { what: "switch in progress", count: 1 }]
+            } else {
+                Vec::new()
+            }
+        });
+        let mut pending = self.shared.raw.quiesce(limit.saturating_sub(t0.elapsed()))?;
+        pending.extend(switching);
+        Ok(pending)
     }
 }
 

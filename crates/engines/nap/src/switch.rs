@@ -307,6 +307,7 @@ pub(crate) fn run<I: Inner>(shared: Arc<Shared<I>>, stop: Arc<AtomicBool>, cfg: 
             if global {
                 shared.grace.unblock();
             }
+            numakv_pmem::account::op_split();
         }
         if last.elapsed() < cfg.period {
             continue;
@@ -316,6 +317,9 @@ pub(crate) fn run<I: Inner>(shared: Arc<Shared<I>>, stop: Arc<AtomicBool>, cfg: 
             if shared.switch_to(&keys).is_err() {
                 shared.counters.switch_errors.fetch_add(1, Ordering::Relaxed);
             }
+            // The switch's remaining PM lines (the new NAL, the retired one's frees) go into
+            // the thread's published totals (docs/design.md §11).
+            numakv_pmem::account::op_split();
         }
         // The next period starts when this decision (and its switch) is over: a switch can
         // outlast a period (a large hot set's flush on a busy machine), and a decision right

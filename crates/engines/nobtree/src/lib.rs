@@ -54,10 +54,11 @@ mod upper;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use numakv_index::{
-    check_key, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
+    check_key, Backlog, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
 };
 use numakv_pmem::alloc::epoch::{self, Atomic};
 use numakv_pmem::alloc::nsm::{Nsm, NsmMode};
@@ -476,6 +477,23 @@ impl Index for Tree {
     fn check(&self) -> Result<CheckReport> {
         self.check_tree()
     }
+
+    /// Waits for the migration coordinator to empty its queue and the rebuild thread to finish
+    /// a requested upper-layer rebuild.
+    fn quiesce(&self, limit: Duration) -> Result<Vec<Backlog>> {
+        let pending = || {
+            let mut out = Vec::new();
+            let queued = self.migrator.as_ref().map_or(0, |m| m.pending());
+            if queued > 0 {
+                out.push(Backlog { what: "migrations queued or running", count: queued });
+            }
+            if self.rebuilder.as_ref().is_some_and(|r| r.pending()) {
+                out.push(Backlog { what: "upper-layer rebuild", count: 1 });
+            }
+            out
+        };
+        Ok(numakv_index::wait_for_background(limit, pending))
+    }
 }
 
 macro_rules! forward_index {
@@ -506,6 +524,9 @@ macro_rules! forward_index {
         }
         fn check(&self) -> Result<CheckReport> {
             self.0.check()
+        }
+        fn quiesce(&self, limit: Duration) -> Result<Vec<Backlog>> {
+            self.0.quiesce(limit)
         }
     };
 }

@@ -79,6 +79,13 @@ impl Rebuilder {
         }
     }
 
+    /// Whether a rebuild is requested or running (false once the thread is stopped or gone).
+    pub(crate) fn pending(&self) -> bool {
+        // ORDERING: Acquire; pairs with the Release clearing `busy` (see `drain`).
+        let busy = self.requested.load(Ordering::Acquire) || self.busy.load(Ordering::Acquire);
+        busy && !self.stop.load(Ordering::Acquire) && self.thread.lock().is_some()
+    }
+
     /// Waits until no rebuild is requested or running (tests, tools).
     pub(crate) fn drain(&self) {
         loop {
@@ -123,6 +130,9 @@ fn run(tree: Weak<Tree>) {
                 let _ = t.rebuild_locked(&mut temp);
             }
         }
+        // The rebuild's PM lines go into the thread's published totals before `busy` clears
+        // (docs/design.md §11).
+        numakv_pmem::account::op_split();
         r.busy.store(false, Ordering::Release);
         drop(t);
     }

@@ -60,6 +60,9 @@ pub(crate) fn run(inner: &Inner, node: usize, idx: usize, per_node: usize) {
             // (every step is crash-safe on its own) and the next pass tries again.
             inner.counters.gc_errors.fetch_add(1, Ordering::Relaxed);
         }
+        // The pass's PM lines (rewrites, invalidations, frees) go into the thread's published
+        // totals, where a benchmark's counted phase finds them (docs/design.md §11).
+        numakv_pmem::account::op_split();
     }
 }
 

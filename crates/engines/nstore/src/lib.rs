@@ -66,7 +66,7 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use numakv_index::{
-    check_key, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
+    check_key, Backlog, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
 };
 use numakv_pmem::alloc::epoch;
 use numakv_pmem::{LatencyModel, Pool};
@@ -683,6 +683,18 @@ impl Index for NStore {
 
     fn check(&self) -> Result<CheckReport> {
         check::check(&self.inner)
+    }
+
+    /// With background GC on, settles it ([`NStore::gc_quiesce`]: passes run on the calling
+    /// thread too, each on the node of the file it reclaims); a pass that fails (e.g. no space
+    /// left to rewrite into) leaves its files pending.
+    fn quiesce(&self, limit: Duration) -> Result<Vec<Backlog>> {
+        if self.inner.opts.gc_threads_per_node == 0 || matches!(self.gc_quiesce(limit), Ok(true)) {
+            return Ok(Vec::new());
+        }
+        let inner = &self.inner;
+        let eligible = inner.nlog.all_files().iter().filter(|f| gc::eligible(inner, f)).count();
+        Ok(vec![Backlog { what: "log files eligible for GC", count: eligible as u64 }])
     }
 }
 
