@@ -403,6 +403,30 @@ fn help_and_version_work() {
     assert!(run.stdout.is_empty());
 }
 
+/// A default NStore store (`create --engine nstore`, 1 GiB per node) takes distinct keys one
+/// process each far beyond the ~128 at which its preallocated 8 MiB files used to exhaust it,
+/// and `inspect` shows space in proportion; a capacity below NStore's minimum is refused at
+/// create with the minimum named. (150 keys × NUMAKV_TEST_SCALE: one process each costs.)
+#[test]
+fn a_default_nstore_store_takes_distinct_keys_one_process_each() {
+    let scale: u64 =
+        std::env::var("NUMAKV_TEST_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    ok(on(&dir, "create", &["--engine", "nstore"]));
+    let n = 150 * scale;
+    for k in 1..=n {
+        ok(on(&dir, "put", &[&k.to_string(), &(k * 7).to_string()]));
+    }
+    let run = ok(on(&dir, "get", &[&n.to_string()]));
+    assert_eq!(run.stdout.trim(), (n * 7).to_string());
+    let info = parse_json(&ok(on(&dir, "inspect", &["--json"])));
+    let used = info["space"][0]["used_bytes"].as_u64().unwrap();
+    assert!(used < 128 << 20, "{used} bytes of 1 GiB in use for {n} keys: {info}");
+    let small = tmp.path().join("small");
+    fails(on(&small, "create", &["--engine", "nstore", "--capacity", "16M"]), 2, "at least");
+}
+
 #[test]
 fn inspect_lists_each_engine_counter_once() {
     for &kind in EngineKind::all() {

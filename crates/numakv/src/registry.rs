@@ -772,10 +772,8 @@ impl EngineConfig for NStoreOptions {
     }
 
     fn min_capacity_per_node(&self, page_size: u64) -> u64 {
-        // Every cluster may hold an active file on every node, plus as much again for sealed
-        // files awaiting GC (files are sparse: untouched pages cost nothing).
-        let file = self.log_file_size.div_ceil(page_size).max(1) * page_size;
-        2 * u64::from(self.clusters) * file
+        // Every cluster's first (small) file and the GC reserve; `create` refuses less.
+        NStoreOptions::min_capacity_per_node(self, page_size)
     }
 }
 

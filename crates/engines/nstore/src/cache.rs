@@ -25,6 +25,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+use crossbeam_utils::CachePadded;
 use numakv_pmem::{account, LatencyModel};
 use parking_lot::Mutex;
 
@@ -91,14 +92,136 @@ struct Slot {
     node: u32,
 }
 
+/// A slot as the bucket stores it: atomics, so that an unsampled probe may read them without
+/// the bucket's lock (a seqlock read, [`Bucket::peek`]).
+#[derive(Debug, Default)]
+struct AtomicSlot {
+    key: AtomicU64,
+    value: AtomicU64,
+    tf: AtomicU32,
+    node: AtomicU32,
+}
+
 #[derive(Debug, Default)]
 struct Bucket {
     /// Bumped by every write to a key of the bucket (see [`Cache::admit`]).
     epoch: AtomicU64,
     /// Occupied slots plus admissions in progress; writers skip the lock when 0.
     len: AtomicU32,
-    slots: Mutex<[Slot; WAYS]>,
+    /// Seqlock word of `slots`: odd while a holder of `lock` stores changed slots, bumped to
+    /// the next even value when done. A state machine of two states per value: even = stable,
+    /// odd = being written.
+    seq: AtomicU64,
+    /// Serialises every change of `slots` (and the sampled probes, admissions and writes).
+    lock: Mutex<()>,
+    slots: [AtomicSlot; WAYS],
 }
+
+impl Bucket {
+    /// Takes the bucket's lock: the slots as a plain array, stored back on drop if changed.
+    fn lock(&self) -> Locked<'_> {
+        let guard = self.lock.lock();
+        // Under the lock nobody else stores slots: Relaxed loads see the last stores.
+        let slots = std::array::from_fn(|i| {
+            let s = &self.slots[i];
+            Slot {
+                key: s.key.load(Ordering::Relaxed),
+                value: s.value.load(Ordering::Relaxed),
+                tf: s.tf.load(Ordering::Relaxed),
+                node: s.node.load(Ordering::Relaxed),
+            }
+        });
+        Locked { bucket: self, _guard: guard, slots, dirty: false }
+    }
+
+    /// A lock-free lookup of `key`: `Some(value if cached)` from a consistent view of the
+    /// slots, `None` when a writer was storing slots meanwhile (the caller takes the lock).
+    fn peek(&self, key: u64) -> Option<Option<u64>> {
+        // ORDERING: Acquire; pairs with the Release store that ended the last write, so the
+        // slot loads below see at least that write.
+        let s1 = self.seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            return None;
+        }
+        let mut found = None;
+        for s in &self.slots {
+            if s.key.load(Ordering::Relaxed) == key {
+                found = Some(s.value.load(Ordering::Relaxed));
+                break;
+            }
+        }
+        // ORDERING: the Acquire fence orders the slot loads before the re-read of `seq`: if a
+        // writer's store was seen, its odd `seq` (stored before it, behind a Release fence) is
+        // seen too, and the view is dropped.
+        std::sync::atomic::fence(Ordering::Acquire);
+        (self.seq.load(Ordering::Relaxed) == s1).then_some(found)
+    }
+}
+
+/// The slots of a locked bucket ([`Bucket::lock`]).
+struct Locked<'a> {
+    bucket: &'a Bucket,
+    _guard: parking_lot::MutexGuard<'a, ()>,
+    slots: [Slot; WAYS],
+    dirty: bool,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = [Slot; WAYS];
+    fn deref(&self) -> &[Slot; WAYS] {
+        &self.slots
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut [Slot; WAYS] {
+        self.dirty = true;
+        &mut self.slots
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        let b = self.bucket;
+        let seq = b.seq.load(Ordering::Relaxed);
+        // ORDERING: odd first, then a Release fence: a peek that sees any slot store below
+        // also sees the odd value (or a later one) on its re-read.
+        b.seq.store(seq + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for (a, s) in b.slots.iter().zip(&self.slots) {
+            a.key.store(s.key, Ordering::Relaxed);
+            a.value.store(s.value, Ordering::Relaxed);
+            a.tf.store(s.tf, Ordering::Relaxed);
+            a.node.store(s.node, Ordering::Relaxed);
+        }
+        // ORDERING: Release; pairs with the Acquire load that starts a peek.
+        b.seq.store(seq + 2, Ordering::Release);
+    }
+}
+
+/// Shards of the hit and miss counters (a thread always counts into one).
+const COUNTER_SHARDS: usize = 16;
+
+/// Hit and miss counts, sharded by thread so that readers on different cores do not contend on
+/// one counter line.
+#[derive(Debug, Default)]
+struct Sharded([CachePadded<AtomicU64>; COUNTER_SHARDS]);
+
+impl Sharded {
+    fn add(&self) {
+        // ORDERING: Relaxed; a statistic.
+        self.0[SHARD.with(|s| *s)].fetch_add(1, Ordering::Relaxed);
+    }
+    fn sum(&self) -> u64 {
+        self.0.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// The next thread's counter shard.
+static NEXT_SHARD: AtomicU32 = AtomicU32::new(0);
 
 /// What a lookup found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +237,8 @@ pub(crate) enum Probe {
 
 thread_local! {
     static TICK: Cell<u32> = const { Cell::new(0) };
+    static SHARD: usize =
+        NEXT_SHARD.fetch_add(1, Ordering::Relaxed) as usize % COUNTER_SHARDS;
 }
 
 /// The cache.
@@ -139,8 +264,8 @@ pub(crate) struct Cache {
     win_gets: AtomicU64,
     win_hits: AtomicU64,
     win_hot: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    hits: Sharded,
+    misses: Sharded,
     admissions: AtomicU64,
     switches_off: AtomicU64,
     switches_on: AtomicU64,
@@ -180,8 +305,8 @@ impl Cache {
             win_gets: AtomicU64::new(0),
             win_hits: AtomicU64::new(0),
             win_hot: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            hits: Sharded::default(),
+            misses: Sharded::default(),
             admissions: AtomicU64::new(0),
             switches_off: AtomicU64::new(0),
             switches_on: AtomicU64::new(0),
@@ -222,7 +347,23 @@ impl Cache {
         let b = self.bucket(key);
         // ORDERING: SeqCst; see `admit`.
         let epoch = b.epoch.load(Ordering::SeqCst);
-        let mut slots = b.slots.lock();
+        if !sampled {
+            // No TF to update: a lock-free look (a seqlock read of the slots; as current as a
+            // look under the lock at the moment of the read).
+            if let Some(found) = b.peek(key) {
+                return match found {
+                    Some(v) => {
+                        self.hits.add();
+                        Probe::Hit(v)
+                    }
+                    None => {
+                        self.misses.add();
+                        Probe::Miss { epoch, admit: false }
+                    }
+                };
+            }
+        }
+        let mut slots = b.lock();
         if let Some(i) = slots.iter().position(|s| s.key == key) {
             let v = slots[i].value;
             let mut hot = false;
@@ -237,14 +378,14 @@ impl Cache {
                 slots[i].tf += w;
             }
             drop(slots);
-            self.hits.fetch_add(1, Ordering::Relaxed);
+            self.hits.add();
             if sampled {
                 self.window(true, true, hot);
             }
             return Probe::Hit(v);
         }
         drop(slots);
-        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.misses.add();
         if sampled {
             self.window(true, false, false);
         }
@@ -263,7 +404,7 @@ impl Cache {
     /// after (1) is current either way.
     pub(crate) fn admit(&self, key: u64, value: u64, owner: usize, reader: usize, epoch: u64) {
         let b = self.bucket(key);
-        let mut slots = b.slots.lock();
+        let mut slots = b.lock();
         // ORDERING: SeqCst; see above.
         b.len.fetch_add(1, Ordering::SeqCst);
         if b.epoch.load(Ordering::SeqCst) != epoch || slots.iter().any(|s| s.key == key) {
@@ -288,7 +429,7 @@ impl Cache {
         if b.len.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let mut slots = b.slots.lock();
+        let mut slots = b.lock();
         if let Some(i) = slots.iter().position(|s| s.key == key) {
             match new {
                 Some((value, node)) => {
@@ -377,7 +518,7 @@ impl Cache {
             self.switches_off.fetch_add(1, Ordering::Relaxed);
             // Empty it, so that writers skip the buckets while it is off.
             for b in self.buckets.iter() {
-                let mut slots = b.slots.lock();
+                let mut slots = b.lock();
                 b.epoch.fetch_add(1, Ordering::SeqCst);
                 let n = slots.iter().filter(|s| s.key != 0).count() as u32;
                 *slots = [Slot::default(); WAYS];
@@ -388,18 +529,15 @@ impl Cache {
 
     /// Items cached now.
     pub(crate) fn items(&self) -> u64 {
-        self.buckets
-            .iter()
-            .map(|b| b.slots.lock().iter().filter(|s| s.key != 0).count() as u64)
-            .sum()
+        self.buckets.iter().map(|b| b.lock().iter().filter(|s| s.key != 0).count() as u64).sum()
     }
 
     /// Counters for `stats()`.
     pub(crate) fn counters(&self) -> Vec<(&'static str, u64)> {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         vec![
-            ("cache_hits", g(&self.hits)),
-            ("cache_misses", g(&self.misses)),
+            ("cache_hits", self.hits.sum()),
+            ("cache_misses", self.misses.sum()),
             ("cache_admissions", g(&self.admissions)),
             ("cache_switched_off", g(&self.switches_off)),
             ("cache_switched_on", g(&self.switches_on)),
@@ -482,13 +620,13 @@ mod tests {
         // Overflow: drive one TF to the cap; the bucket halves.
         {
             let b = c.bucket(keys[1]);
-            let mut s = b.slots.lock();
+            let mut s = b.lock();
             let i = s.iter().position(|x| x.key == keys[1]).unwrap();
             s[i].tf = TF_MAX;
         }
         assert_eq!(c.probe(keys[1], 0), Probe::Hit(keys[1]));
         let b = c.bucket(keys[1]);
-        let s = b.slots.lock();
+        let s = b.lock();
         let i = s.iter().position(|x| x.key == keys[1]).unwrap();
         assert_eq!(s[i].tf, TF_MAX / 2 + UNIT);
     }
@@ -540,7 +678,7 @@ mod tests {
         // Every key read exactly twice in a row: half the gets hit (signal 1 stays quiet), but
         // every hit is on an item of admission TF — no item is hotter than another.
         gets(&c, 2 * WINDOW, |i| (1 << 40) + i / 2);
-        assert!(c.hits.load(Ordering::Relaxed) * 10 >= c.misses.load(Ordering::Relaxed));
+        assert!(c.hits.sum() * 10 >= c.misses.sum());
         assert!(!c.enabled(), "flat TFs leave the cache on");
         assert_eq!(c.off_reason.load(Ordering::Relaxed), OFF_UNIFORM);
         // Retried after the back-off, it is judged flat again.

@@ -31,6 +31,7 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
     let pool = &inner.pool;
     let want = inner.nlog.all_files().len() as u64 + pool.nodes() as u64;
     numakv_pmem::alloc::settle_deferred_frees(want, std::time::Duration::from_secs(1), || {
+        crate::gc::drain_retired(inner);
         (0..pool.nodes())
             .filter_map(|n| pool.extents(n).ok())
             .flatten()

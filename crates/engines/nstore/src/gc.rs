@@ -12,8 +12,10 @@
 //!    its cluster on this node with a new version and `h_addr = e`, and point the index at it.
 //!    Other entries (superseded ones, delete entries) are dropped.
 //!
-//! Then the file is unlinked from the file table and its pages are freed once every reader that
-//! might hold an address in it has unpinned its epoch.
+//! Then the file is unlinked from the file table and queued; its pages are freed once every
+//! reader that might hold an address in it has unpinned its epoch, and only after every file
+//! queued before it (a FIFO: durable frees follow retire order by construction). `close()`
+//! frees the whole queue before it writes the snapshot.
 //!
 //! **Why this never resurrects a key** (docs/design.md, "NStore", GC): recovery keeps a key's
 //! highest-version valid entry. An entry disappears only when its file is freed, after step 1
@@ -22,15 +24,16 @@
 //! older entry of its key is valid any more, and when a live entry goes, its copy — newer, and
 //! durable before the index moved — outranks every older one.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use numakv_index::Result;
 use numakv_pmem::alloc::epoch;
-use numakv_pmem::Pool;
+use numakv_pmem::{PPtr, PoolError};
 
 use crate::layout::{self, decode_meta, Op, VAddr, OP_MASK};
-use crate::nlog::LogFile;
+use crate::nlog::{LogFile, Need};
 use crate::Inner;
 
 /// The GC thread `idx` of `per_node` on `node`: collects until the store shuts down.
@@ -51,6 +54,7 @@ pub(crate) fn run(inner: &Inner, node: usize, idx: usize, per_node: usize) {
         // epoch; writers never pin, so in a write-only workload nobody else would: advance and
         // collect here, every pass.
         epoch::pin().flush();
+        drain_retired(inner);
         if collect(inner, node, idx, per_node).is_err() {
             // E.g. out of space for the rewrites, or the pool crashed: the file stays as it was
             // (every step is crash-safe on its own) and the next pass tries again.
@@ -186,11 +190,19 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
         if op != Op::Del && inner.index.get(key) == Some(va) {
             let value = e.value.load(Ordering::Acquire);
             let cluster = inner.nlog.cluster_of(crate::hash(key));
-            let (nf, s) = inner.nlog.reserve(node, cluster)?;
+            let (nf, s) = inner.nlog.reserve(node, cluster, Need::Gc)?;
             let v = inner.nlog.next_version(cluster);
             let new = inner.nlog.write(&nf, s, Op::Ins, v, va.0, key, value)?;
             inner.index.set(key, new);
+            // The original is garbage from now on, as after any update: a reclaim that stops
+            // later (out of space, shutdown) leaves the file's count exact, as `check()` and a
+            // rescan after reopen count it.
+            f.dead.fetch_add(1, Ordering::Relaxed);
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
+            if numakv_pmem::fail_point!("nstore.gc.rewritten") {
+                // As if the next rewrite found no space: the reclaim stops here.
+                return Err(PoolError::OutOfSpace { node, requested: 0 }.into());
+            }
         }
     }
     retire(inner, f);
@@ -228,10 +240,12 @@ fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
         inner.counters.gc_invalidated.fetch_add(marked, Ordering::Relaxed);
         if op != Op::Del && inner.bindex.get(&key) == Some(va) {
             let cluster = inner.nlog.cluster_of(h);
-            let (nf, s) = inner.nlog.reserve_var(node, cluster, words)?;
+            let (nf, s) = inner.nlog.reserve_var(node, cluster, words, Need::Gc)?;
             let v = inner.nlog.next_version(cluster);
             let new = inner.nlog.write_var(&nf, s, Op::Ins, v, va.0, &key, &value)?;
             inner.bindex.set(&key, new);
+            // The original is garbage from now on (as in `reclaim`).
+            f.dead.fetch_add(words, Ordering::Relaxed);
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -239,21 +253,139 @@ fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
     Ok(true)
 }
 
-/// Unlinks a reclaimed file and frees its pages after the epoch grace period.
+/// A file GC retired: unlinked from the file table, its pages freed once `grace` is set (every
+/// reader pinned at the retire has unpinned) and every file retired before it is freed.
+#[derive(Debug)]
+pub(crate) struct Retired {
+    base: PPtr,
+    grace: Arc<AtomicBool>,
+}
+
+/// Unlinks a reclaimed file and queues it to be freed after the epoch grace period, in retire
+/// order ([`drain_retired`]).
 fn retire(inner: &Inner, f: &Arc<LogFile>) {
-    inner.nlog.unlink(f);
+    let grace = Arc::new(AtomicBool::new(false));
+    {
+        // Queued before it is unlinked, under the queue's lock: the order of the queue is the
+        // order of the unlinks, which is the order in which reclaims stopped seeing the files.
+        let mut q = inner.retired.lock();
+        inner.nlog.unlink(f);
+        q.push_back(Retired { base: f.base, grace: Arc::clone(&grace) });
+    }
     let guard = epoch::pin();
-    let pool: Weak<Pool> = Arc::downgrade(&inner.pool);
-    let base = f.base;
     // A reader that read an address of this file before the index moved may still be reading
-    // it: free the pages only after every thread pinned now has unpinned.
-    guard.defer(move || {
-        if let Some(pool) = pool.upgrade() {
-            // A failed free (e.g. the pool crashed meanwhile) leaves a file whose entries are
-            // all garbage: recovery finds it and a later GC pass reclaims it again.
-            let _ = pool.free_pages(base);
-        }
-    });
+    // it: the pages may go only after every thread pinned now has unpinned.
+    // ORDERING: Release; pairs with the Acquire in drain_retired.
+    guard.defer(move || grace.store(true, Ordering::Release));
     guard.flush();
+    drop(guard);
     inner.counters.gc_files.fetch_add(1, Ordering::Relaxed);
+    drain_retired(inner);
+}
+
+/// Frees retired files from the front of the queue while their grace period has passed: a
+/// file is freed only after every file retired before it (docs/design.md, "NStore", GC: a
+/// reclaim that walked a history chain into an already retired file marked nothing there, so
+/// that file must be durably gone first, or a crash could revive what the later file deleted).
+pub(crate) fn drain_retired(inner: &Inner) {
+    let mut q = inner.retired.lock();
+    // ORDERING: Acquire; pairs with the Release store of the deferred function in `retire`.
+    while q.front().is_some_and(|r| r.grace.load(Ordering::Acquire)) {
+        if !free_front(inner, &mut q) {
+            return;
+        }
+    }
+}
+
+/// Frees every retired file, in order, without waiting for grace periods: only when no reader
+/// can exist (`close()`, after the background threads stopped, with the handle consumed).
+pub(crate) fn free_all_retired(inner: &Inner) -> Result<()> {
+    let mut q = inner.retired.lock();
+    while !q.is_empty() {
+        if !free_front(inner, &mut q) {
+            return Err(layout::corrupted("a retired log file could not be freed"));
+        }
+    }
+    Ok(())
+}
+
+/// Frees the front of `q`; false when the free failed (e.g. the pool crashed): the file stays
+/// queued, and so do those behind it — recovery finds them all and a later GC reclaims them.
+fn free_front(inner: &Inner, q: &mut VecDeque<Retired>) -> bool {
+    let Some(r) = q.front() else { return true };
+    if inner.pool.free_pages(r.base).is_err() {
+        return false;
+    }
+    q.pop_front();
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use numakv_index::{Engine, Index};
+    use numakv_pmem::{CrashOptions, OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
+
+    use super::*;
+    use crate::{NStore, NStoreOptions};
+
+    /// File A holds `ins k`, file D (newer) `del k`. GC reclaims A (dropping the superseded
+    /// `ins k` without marking it) and then D (whose history walk stops at A, already
+    /// unlinked). If D's pages were freed durably while A's are not, a crash would bring `ins k`
+    /// back. The queue frees in retire order: even with D's grace period over and A's not, D
+    /// stays until A goes, and a power failure then loses nothing and revives nothing.
+    #[test]
+    fn a_delete_file_is_never_freed_before_an_older_retired_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        let mut cfg = PoolConfig::new(NStore::engine_id(), 8 << 20);
+        cfg.page_size = 4096;
+        cfg.mode = PersistMode::Adr;
+        cfg.sim = SimMode::Shadow;
+        let pool = Pool::create(&path, cfg).unwrap();
+        // One cluster of one-page files: 100 entries each.
+        let opts = NStoreOptions {
+            clusters: 1,
+            log_file_size: 4096,
+            gc_threads_per_node: 0,
+            ..Default::default()
+        };
+        let s = NStore::create(pool.clone(), &opts).unwrap();
+        for k in 1..=100 {
+            s.insert(k, k).unwrap(); // file A (id 1), full
+        }
+        for k in 1..=60 {
+            s.remove(k).unwrap(); // file D (id 2): 60 deletes...
+        }
+        for k in 101..=141 {
+            s.insert(k, k).unwrap(); // ...and 40 inserts; 141 seals D
+        }
+        let (a, d) = (s.inner.nlog.file(0, 1).unwrap(), s.inner.nlog.file(0, 2).unwrap());
+        assert_eq!((a.info.cluster, d.info.cluster), (0, 0));
+        let pinned = epoch::pin(); // no grace period passes from here on
+        assert_eq!(s.collect_garbage().unwrap(), 2);
+        {
+            let q = s.inner.retired.lock();
+            let order: Vec<PPtr> = q.iter().map(|r| r.base).collect();
+            assert_eq!(order, vec![a.base, d.base], "retire order");
+            // D's readers are gone (as if), A's are not.
+            q[1].grace.store(true, Ordering::Release);
+        }
+        drain_retired(&s.inner);
+        let allocated = |p: PPtr| pool.extents(0).unwrap().iter().any(|x| x.ptr == p);
+        let kept = (allocated(a.base), allocated(d.base));
+        pool.crash(CrashOptions::STRICT).unwrap();
+        drop(pinned);
+        drop((a, d, s, pool));
+        let mut oc = OpenConfig::new(NStore::engine_id());
+        oc.sim = SimMode::Shadow;
+        let (s, _) = NStore::open(Pool::open(&path, oc).unwrap(), &opts).unwrap();
+        for k in 1..=60 {
+            assert_eq!(s.get(k).unwrap(), None, "deleted key {k} came back");
+        }
+        for k in 61..=141 {
+            assert_eq!(s.get(k).unwrap(), Some(k));
+        }
+        assert_eq!(s.check().unwrap().entries, 81);
+        assert_eq!(kept, (true, true), "D was freed before A");
+    }
 }

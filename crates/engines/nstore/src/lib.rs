@@ -21,6 +21,14 @@
 //!
 //! Formats, the crash states and the GC protocol: docs/design.md, section "NStore".
 //!
+//! Pause and fail points (`numakv_pmem::failpoint`, compiled in only with its `failpoints`
+//! feature, which this crate turns on in its dev-dependencies):
+//!
+//! - `nstore.get_bytes.located` (pause): `get_bytes` read the index and located the entry, and
+//!   has not read it yet.
+//! - `nstore.gc.rewritten` (fail): a GC reclaim just rewrote a live entry and pointed the index at
+//!   the copy; failing stops the reclaim as if the next rewrite found no space.
+//!
 //! ```
 //! use numakv_index::{Engine, Index};
 //! use numakv_nstore::{NStore, NStoreOptions};
@@ -42,6 +50,7 @@
 
 pub mod cache;
 mod check;
+mod filetable;
 mod gc;
 pub mod layout;
 mod nlog;
@@ -55,6 +64,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use numakv_index::{
     check_key, Backlog, CheckReport, Engine, EngineStats, Error, Index, RecoveryReport, Result,
 };
@@ -68,7 +78,8 @@ use crate::layout::{
     NodeMeta, Op, VAddr, AUX_META, ENGINE, MAX_CLUSTERS, MAX_NODES, MAX_SLOTS, META_MAGIC,
     OWNER_ENGINE, SLOT_FORMAT,
 };
-use crate::nlog::Nlog;
+pub use crate::nlog::FIRST_FILE_BYTES;
+use crate::nlog::{Need, Nlog};
 use crate::scan::ScanPool;
 pub use crate::vindex::{SccBytesIndex, SccIndex, VolatileBytesIndex, VolatileIndex};
 
@@ -82,7 +93,10 @@ pub struct NStoreOptions {
     /// Hash clusters (default 256, §V-A). Each has an active file on every node it is written
     /// from.
     pub clusters: u32,
-    /// Bytes of one Nlog file (default 8 MiB, §III-C), rounded up to the pool's page size.
+    /// Bytes an Nlog file grows to (default 8 MiB, §III-C), rounded up to the pool's page size.
+    /// A (node, cluster)'s first file is smaller ([`FIRST_FILE_BYTES`]) and
+    /// each next one doubles up to this size, so that the files of idle clusters hold little
+    /// PM (docs/design.md, "NStore", Space).
     pub log_file_size: u64,
     /// GC reclaims a sealed file once more than this share of its entries is garbage
     /// (default 0.5, §V-F). In `0.0..1.0`.
@@ -160,6 +174,29 @@ impl NStoreOptions {
         }
         Ok(pages as u32)
     }
+
+    /// The smallest node-file capacity (bytes) a store with these options works in with pages
+    /// of `page_size` bytes: the node meta page, every cluster's first file and the GC reserve
+    /// (docs/design.md, "NStore", Space). `create` refuses a smaller pool.
+    pub fn min_capacity_per_node(&self, page_size: u64) -> u64 {
+        let page_size = page_size.max(4096);
+        let file_pages = self.log_file_size.div_ceil(page_size).clamp(1, u64::from(u32::MAX));
+        let pages = Self::min_pages(self.clusters, page_size, file_pages as u32);
+        // The node file also holds the pool's header and page descriptors: grow until the heap
+        // has the pages.
+        let mut cap = pages * page_size;
+        while numakv_pmem::layout::geometry(cap, page_size).is_none_or(|(n, _)| n < pages) {
+            cap += page_size;
+        }
+        cap
+    }
+
+    /// Heap pages per node a store needs before any data: the meta page, one first file per
+    /// cluster and the GC reserve.
+    fn min_pages(clusters: u32, page_size: u64, file_pages: u32) -> u64 {
+        1 + u64::from(clusters) * u64::from(nlog::first_pages(page_size, file_pages))
+            + nlog::reserve_pages(file_pages)
+    }
 }
 
 /// Event counters (DRAM, per session).
@@ -182,7 +219,9 @@ pub(crate) struct Inner {
     pub index: Box<dyn VolatileIndex>,
     /// The index of the variable-length keys (their own key space).
     pub bindex: Box<dyn VolatileBytesIndex>,
-    locks: Box<[Mutex<()>]>,
+    /// Key-lock stripes, one cache line each (no false sharing between writers of different
+    /// stripes).
+    locks: Box<[CachePadded<Mutex<()>>]>,
     pub cache: Option<Cache>,
     pub opts: NStoreOptions,
     /// Set when the handle shuts down: background threads stop.
@@ -193,6 +232,8 @@ pub(crate) struct Inner {
     /// check sees no file being reclaimed, so an index entry never names a file a reclaim
     /// retired between the check's scan and its lookup.
     pub gc_gate: RwLock<()>,
+    /// Files GC retired and not yet freed, in retire order ([`gc::drain_retired`]).
+    pub retired: Mutex<std::collections::VecDeque<gc::Retired>>,
 }
 
 /// splitmix64's finaliser: the key hash that picks the cluster (high half), the key-lock
@@ -244,13 +285,14 @@ impl Inner {
             nlog,
             index,
             bindex,
-            locks: (0..KEY_STRIPES).map(|_| Mutex::new(())).collect(),
+            locks: (0..KEY_STRIPES).map(|_| CachePadded::new(Mutex::new(()))).collect(),
             cache,
             opts,
             stop: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             counters: Counters::default(),
             gc_gate: RwLock::new(()),
+            retired: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -297,7 +339,8 @@ impl Inner {
         };
         let node = my_node(self.nlog.nodes);
         let cluster = self.nlog.cluster_of(h);
-        let (file, off) = self.nlog.reserve_var(node, cluster, words)?;
+        let need = if op == Op::Del { Need::Delete } else { Need::Put };
+        let (file, off) = self.nlog.reserve_var(node, cluster, words, need)?;
         let version = self.nlog.next_version(cluster);
         let h_addr = old.map_or(0, |v| v.0);
         let va =
@@ -324,15 +367,25 @@ impl Inner {
                 self.counters.read_retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            return match e.read(va.file()) {
-                Some((Op::Ins | Op::Upd, k, v)) if k == key => Ok(Some(v)),
-                other => Err(layout::corrupted(format!(
-                    "index maps a {}-byte key to {:#x}, which holds {:?}",
-                    key.len(),
-                    va.0,
-                    other.map(|o| (o.0, o.1.len()))
-                ))),
-            };
+            numakv_pmem::pause_point!("nstore.get_bytes.located");
+            match e.read(va.file()) {
+                Some((Op::Ins | Op::Upd, k, v)) if k == key => return Ok(Some(v)),
+                // Not (any more) a valid entry of the key. After the index was read, the key
+                // may have been written again and GC may have marked this entry `inv` as
+                // history of the newer one: the entry moved, read the index again. Only if the
+                // index still names this address is the entry really not the key's.
+                other if self.bindex.get(key) == Some(va) => {
+                    return Err(layout::corrupted(format!(
+                        "index maps a {}-byte key to {:#x}, which holds {:?}",
+                        key.len(),
+                        va.0,
+                        other.map(|o| (o.0, o.1.len()))
+                    )))
+                }
+                _ => {
+                    self.counters.read_retries.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 
@@ -351,7 +404,8 @@ impl Inner {
         };
         let node = my_node(self.nlog.nodes);
         let cluster = self.nlog.cluster_of(h);
-        let (file, slot) = self.nlog.reserve(node, cluster)?;
+        let need = if op == Op::Del { Need::Delete } else { Need::Put };
+        let (file, slot) = self.nlog.reserve(node, cluster, need)?;
         let version = self.nlog.next_version(cluster);
         let h_addr = old.map_or(0, |v| v.0);
         let va = self.nlog.write(&file, slot, op, version, h_addr, key, value)?;
@@ -500,7 +554,10 @@ impl NStore {
                 && !inner.nlog.all_files().iter().any(|f| gc::eligible(inner, f));
             if n == 0 && idle {
                 epoch::pin().flush();
-                return Ok(true);
+                gc::drain_retired(inner);
+                if inner.retired.lock().is_empty() {
+                    return Ok(true);
+                }
             }
             if t0.elapsed() >= timeout {
                 return Ok(false);
@@ -661,6 +718,20 @@ impl Engine for NStore {
         if format.load(Ordering::Acquire) != 0 {
             return Err(Error::InvalidOptions("pool already holds an nstore".into()));
         }
+        let need = NStoreOptions::min_pages(opts.clusters, pool.page_size(), file_pages);
+        let (_, heap_pages) = pool.heap_usage(0)?;
+        if heap_pages < need {
+            return Err(Error::InvalidOptions(format!(
+                "a capacity of {} bytes per node is too small for nstore with {} clusters and \
+                 log_file_size {}: it needs at least {} bytes per node (the first file of \
+                 every cluster and the GC reserve); use a larger capacity, fewer clusters or a \
+                 smaller log_file_size",
+                pool.capacity(),
+                opts.clusters,
+                u64::from(file_pages) * pool.page_size(),
+                opts.min_capacity_per_node(pool.page_size())
+            )));
+        }
         let mut metas = Vec::new();
         for node in 0..pool.nodes() {
             let p = pool.alloc_pages(node, 1, OWNER_ENGINE, AUX_META)?;
@@ -694,6 +765,11 @@ impl Engine for NStore {
 
     fn close(mut self) -> Result<()> {
         self.shutdown();
+        // The background threads are stopped and the handle is consumed, so no reader can hold
+        // an address of a retired file: free them all now, in order, so that the file table
+        // the snapshot lists is exactly the files in PM (else the next open would reject the
+        // snapshot and scan the log).
+        gc::free_all_retired(&self.inner)?;
         if self.inner.opts.snapshot_on_close {
             snapshot::write(&self.inner)?;
         }

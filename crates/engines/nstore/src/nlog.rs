@@ -7,23 +7,70 @@
 //!   descriptor table is the persistent file table: recovery finds every file by listing the
 //!   extents, and allocation/free are its failure-atomic commit points.
 //! - A full active file is sealed (read-only from then on) and a new one is allocated at once.
-//! - The DRAM file table maps (node, file id) → [`LogFile`]; an address resolves through it, so a
-//!   `v_addr`/`h_addr` naming a reclaimed file is recognised as dangling (ids are never reused).
+//!   File sizes adapt (docs/design.md, "NStore", Space): the first file of a (node, cluster) is
+//!   small ([`FIRST_FILE_BYTES`]) and each next one doubles, up to the format's `log_file_size`,
+//!   so a store with many clusters and few keys holds little PM.
+//! - A node keeps a GC reserve ([`Nlog::reserve_pages`]): a put may not allocate a file into it,
+//!   a delete may use half of it, GC all of it, so that GC can always rewrite the live entries of
+//!   a file it reclaims, and a full store recovers once keys are deleted.
+//! - The DRAM file table maps (node, file id) → [`LogFile`] (a dense array per node,
+//!   [`FileTable`]); an address resolves through it, so a `v_addr`/`h_addr` naming a reclaimed
+//!   file is recognised as dangling (ids are never reused).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
 use numakv_index::{Error, Result};
-use numakv_pmem::{PPtr, Pool};
+use numakv_pmem::alloc::epoch;
+use numakv_pmem::{PPtr, Pool, PoolError};
 use parking_lot::Mutex;
 
 use numakv_pmem::PmBytes;
 
+use crate::filetable::FileTable;
 use crate::layout::{
     self, meta_word, var_meta_word, var_size_word, Entry, FileHeader, FileInfo, NodeMeta, Op,
     VAddr, VarHead, AUX_LOG, ENTRY_SIZE, ENTRY_WORDS, FILE_HEADER, ID_BATCH, MAX_FILE_ID,
     OWNER_ENGINE, VAR_HEAD,
 };
+
+/// The size a (node, cluster)'s first log file aims at (rounded up to a page, at most the
+/// format's `log_file_size`); each next file of it doubles.
+pub const FIRST_FILE_BYTES: u64 = 64 << 10;
+
+/// The pages of a (node, cluster)'s first file in a pool of `page_size`-byte pages whose files
+/// grow to `file_pages` pages.
+pub(crate) fn first_pages(page_size: u64, file_pages: u32) -> u32 {
+    (FIRST_FILE_BYTES.div_ceil(page_size).max(1) as u32).min(file_pages)
+}
+
+/// The GC reserve of a node in pages: what a put may not allocate into (see [`Need`]). One
+/// reclaim rewrites at most the live entries of one file (at most `file_pages`) into its
+/// cluster's active file, which may need one new file of at most `file_pages`: twice that for
+/// GC, and as much again for the deletes that make a full store reclaimable.
+pub(crate) fn reserve_pages(file_pages: u32) -> u64 {
+    4 * u64::from(file_pages)
+}
+
+/// Who asks for a new log file, which decides how much of the node's GC reserve it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// An insert, update or upsert: leaves the whole reserve free.
+    Put,
+    /// A delete: may use half the reserve (deletes are what let GC free space in a full store).
+    Delete,
+    /// A GC rewrite: may use all of it.
+    Gc,
+}
+
+/// The active file of one (node, cluster, kind) and the size of its next file.
+#[derive(Debug)]
+struct Active {
+    file: Option<Arc<LogFile>>,
+    /// Pages of the next file allocated for this slot (doubling up to the format's size).
+    next_pages: u32,
+}
 
 /// A variable-length entry in PM: its head and its body (key then value, each padded to 8).
 #[derive(Clone, Copy, Debug)]
@@ -170,17 +217,25 @@ pub(crate) struct Nlog {
     pub pool: Arc<Pool>,
     pub nodes: usize,
     pub clusters: u32,
+    /// Pages a file grows to (the format's `log_file_size`).
     pub file_pages: u32,
+    /// Pages of a (node, cluster)'s first file.
+    pub first_pages: u32,
+    /// Pages of every node's GC reserve ([`reserve_pages`]).
+    pub reserve_pages: u64,
     /// Per node: file id → file.
-    tables: Vec<scc::HashMap<u32, Arc<LogFile>>>,
+    tables: Vec<FileTable>,
     /// `(node * clusters + cluster) * 2 + var` → the active file of fixed (var = 0) or
     /// variable-length (var = 1) entries; the mutex is the per-cluster write lock of §III-E,
-    /// held only to reserve a slot (and to replace a full file).
-    actives: Box<[Mutex<Option<Arc<LogFile>>>]>,
+    /// held only to reserve a slot (and to replace a full file). One cache line each.
+    actives: Box<[CachePadded<Mutex<Active>>]>,
+    /// Per node: file ids, and the lock that makes a file allocation's space check and
+    /// allocation one step (so the reserve holds against concurrent allocations).
     ids: Vec<Mutex<IdAlloc>>,
     /// Per cluster: the next version (shared by the cluster's files on every node, so the
     /// entries of one key — always in one cluster — are totally ordered).
-    versions: Box<[AtomicU64]>,
+    /// One cache line each: writers of different clusters do not share one.
+    versions: Box<[CachePadded<AtomicU64>]>,
     /// Files allocated this session.
     pub files_created: AtomicU64,
 }
@@ -195,18 +250,23 @@ impl Nlog {
         metas: Vec<(PPtr, u32)>,
     ) -> Nlog {
         let nodes = pool.nodes();
+        let first = first_pages(pool.page_size(), file_pages);
         Nlog {
             pool,
             nodes,
             clusters,
             file_pages,
-            tables: (0..nodes).map(|_| scc::HashMap::new()).collect(),
-            actives: (0..nodes * clusters as usize * 2).map(|_| Mutex::new(None)).collect(),
+            first_pages: first,
+            reserve_pages: reserve_pages(file_pages),
+            tables: (0..nodes).map(|_| FileTable::new()).collect(),
+            actives: (0..nodes * clusters as usize * 2)
+                .map(|_| CachePadded::new(Mutex::new(Active { file: None, next_pages: first })))
+                .collect(),
             ids: metas
                 .into_iter()
                 .map(|(meta, hwm)| Mutex::new(IdAlloc { next: hwm.max(1), hwm, meta }))
                 .collect(),
-            versions: (0..clusters).map(|_| AtomicU64::new(1)).collect(),
+            versions: (0..clusters).map(|_| CachePadded::new(AtomicU64::new(1))).collect(),
             files_created: AtomicU64::new(0),
         }
     }
@@ -215,10 +275,18 @@ impl Nlog {
     pub(crate) fn install(&self, f: Arc<LogFile>, active: bool) {
         let (node, cluster) = (f.info.node, f.info.cluster);
         if active {
-            *self.actives[self.active_slot(node, cluster, f.info.var)].lock() =
+            self.actives[self.active_slot(node, cluster, f.info.var)].lock().file =
                 Some(Arc::clone(&f));
         }
-        let _ = self.tables[node].insert_sync(f.info.id, f);
+        self.tables[node].insert(f);
+    }
+
+    /// Open: `f` is the newest file of its (node, cluster, kind); the next one doubles its size.
+    pub(crate) fn grow_after(&self, f: &LogFile) {
+        let pages = f.info.size / self.pool.page_size();
+        let next = (pages.saturating_mul(2)).min(u64::from(self.file_pages)) as u32;
+        let slot = self.active_slot(f.info.node, f.info.cluster, f.info.var);
+        self.actives[slot].lock().next_pages = next.max(self.first_pages);
     }
 
     fn active_slot(&self, node: usize, cluster: u32, var: bool) -> usize {
@@ -238,20 +306,12 @@ impl Nlog {
 
     /// The file `id` of `node`, if it exists.
     pub(crate) fn file(&self, node: usize, id: u32) -> Option<Arc<LogFile>> {
-        self.tables.get(node)?.read_sync(&id, |_, f| Arc::clone(f))
+        self.tables.get(node)?.get_arc(id)
     }
 
     /// Every file of `node`.
     pub(crate) fn files_of(&self, node: usize) -> Vec<Arc<LogFile>> {
-        let mut out = Vec::new();
-        if let Some(t) = self.tables.get(node) {
-            t.iter_sync(|_, f| {
-                out.push(Arc::clone(f));
-                true
-            });
-        }
-        out.sort_by_key(|f| f.info.id);
-        out
+        self.tables.get(node).map(FileTable::all).unwrap_or_default()
     }
 
     /// Every file.
@@ -261,7 +321,7 @@ impl Nlog {
 
     /// Removes `f` from the file table (GC, before its pages are freed).
     pub(crate) fn unlink(&self, f: &LogFile) {
-        self.tables[f.info.node].remove_sync(&f.info.id);
+        self.tables[f.info.node].remove(f.info.id);
     }
 
     /// The entry `va` names, or `None` when its file no longer exists (reclaimed by GC; the
@@ -271,11 +331,12 @@ impl Nlog {
         let Some(table) = self.tables.get(va.node()) else {
             return Err(layout::corrupted(format!("address {:#x} names node {}", va.0, va.node())));
         };
-        let Some((base, slots, var)) =
-            table.read_sync(&va.file(), |_, f| (f.base, f.slots, f.info.var))
-        else {
-            return Ok(None);
+        let found = {
+            // Nested in the caller's guard; only for the borrow of the file.
+            let guard = epoch::pin();
+            table.get(va.file(), &guard).map(|f| (f.base, f.slots, f.info.var))
         };
+        let Some((base, slots, var)) = found else { return Ok(None) };
         if var || va.slot() >= slots || va.words() != ENTRY_WORDS {
             return Err(layout::corrupted(format!("address {:#x} is outside its file", va.0)));
         }
@@ -290,9 +351,7 @@ impl Nlog {
         let Some(table) = self.tables.get(va.node()) else {
             return Err(layout::corrupted(format!("address {:#x} names node {}", va.0, va.node())));
         };
-        let Some(f) = table.read_sync(&va.file(), |_, f| Arc::clone(f)) else {
-            return Ok(None);
-        };
+        let Some(f) = table.get_arc(va.file()) else { return Ok(None) };
         f.var_entry(&self.pool, va.slot(), va.words()).map(Some)
     }
 
@@ -301,9 +360,9 @@ impl Nlog {
         ((hash >> 32) % u64::from(self.clusters)) as u32
     }
 
-    /// A fresh file id of `node`, raising the persistent high-water mark first when needed.
-    fn next_id(&self, node: usize) -> Result<u32> {
-        let mut a = self.ids[node].lock();
+    /// A fresh file id of `node` (whose allocator `a` is), raising the persistent high-water
+    /// mark first when needed.
+    fn next_id(pool: &Pool, a: &mut IdAlloc, node: usize) -> Result<u32> {
         if a.next > MAX_FILE_ID {
             return Err(Error::Unsupported(format!(
                 "node {node} has used all {MAX_FILE_ID} file ids of this store"
@@ -311,11 +370,11 @@ impl Nlog {
         }
         if a.next >= a.hwm {
             let hwm = (a.next.saturating_add(ID_BATCH)).min(MAX_FILE_ID + 1);
-            let m: &NodeMeta = self.pool.get(a.meta)?;
+            let m: &NodeMeta = pool.get(a.meta)?;
             m.id_hwm.store(u64::from(hwm), Ordering::Release);
             // PERSIST: no file (and so no entry stamp) uses an id the durable high-water mark
             // does not cover; after a crash, ids restart above it.
-            self.pool.persist_obj(&m.id_hwm);
+            pool.persist_obj(&m.id_hwm);
             a.hwm = hwm;
         }
         let id = a.next;
@@ -323,18 +382,50 @@ impl Nlog {
         Ok(id)
     }
 
-    /// Allocates, initialises and registers a new file for (`node`, `cluster`).
-    fn new_file(&self, node: usize, cluster: u32, var: bool) -> Result<Arc<LogFile>> {
-        let id = self.next_id(node)?;
-        let base =
-            self.pool.alloc_pages(node, u64::from(self.file_pages), OWNER_ENGINE, AUX_LOG)?;
-        let info = FileInfo {
-            id,
-            node,
-            cluster,
-            size: u64::from(self.file_pages) * self.pool.page_size(),
-            var,
+    /// Allocates, initialises and registers a new file for (`node`, `cluster`) of `want` pages
+    /// — fewer (down to one page) when the node has no room for `want` above what `need` must
+    /// leave of the GC reserve: a store stays usable up to near its capacity.
+    fn new_file(
+        &self,
+        node: usize,
+        cluster: u32,
+        var: bool,
+        want: u32,
+        need: Need,
+    ) -> Result<Arc<LogFile>> {
+        let mut ids = self.ids[node].lock();
+        let (used, total) = self.pool.heap_usage(node)?;
+        let free = total.saturating_sub(used);
+        let floor = match need {
+            Need::Put => self.reserve_pages,
+            Need::Delete => self.reserve_pages / 2,
+            Need::Gc => 0,
         };
+        let mut pages = want.max(1);
+        let base = loop {
+            if free >= floor + u64::from(pages) {
+                match self.pool.alloc_pages(node, u64::from(pages), OWNER_ENGINE, AUX_LOG) {
+                    Ok(base) => break base,
+                    // Free pages, but no run of `pages` (fragmentation): try a smaller file.
+                    Err(PoolError::OutOfSpace { .. }) if pages > 1 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            } else if pages == 1 {
+                return Err(PoolError::OutOfSpace { node, requested: self.pool.page_size() }.into());
+            }
+            pages /= 2;
+        };
+        // The id is taken only once the extent exists, so refused allocations use no ids.
+        let id = match Self::next_id(&self.pool, &mut ids, node) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = self.pool.free_pages(base);
+                return Err(e);
+            }
+        };
+        drop(ids);
+        let info =
+            FileInfo { id, node, cluster, size: u64::from(pages) * self.pool.page_size(), var };
         let h: &FileHeader = self.pool.get(base)?;
         info.write(h);
         // PERSIST: the header is durable before any entry of the file can be (entries are
@@ -343,15 +434,38 @@ impl Nlog {
         self.pool.persist_obj(h);
         self.files_created.fetch_add(1, Ordering::Relaxed);
         let f = Arc::new(LogFile::new(info, base, 0, false));
-        let _ = self.tables[node].insert_sync(id, Arc::clone(&f));
+        self.tables[node].insert(Arc::clone(&f));
         Ok(f)
     }
 
-    /// Reserves a slot in the active file of (`node`, `cluster`), replacing a full file. The
-    /// caller must write the slot with [`Nlog::write`], which releases the reservation.
-    pub(crate) fn reserve(&self, node: usize, cluster: u32) -> Result<(Arc<LogFile>, u32)> {
+    /// Allocates the next file of `active` (its size doubling up to the format's) and makes it
+    /// the active file.
+    fn replace_active(
+        &self,
+        active: &mut Active,
+        node: usize,
+        cluster: u32,
+        var: bool,
+        need: Need,
+    ) -> Result<Arc<LogFile>> {
+        let f = self.new_file(node, cluster, var, active.next_pages, need)?;
+        let pages = (f.info.size / self.pool.page_size()) as u32;
+        active.next_pages = pages.saturating_mul(2).clamp(self.first_pages, self.file_pages);
+        active.file = Some(Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// Reserves a slot in the active file of (`node`, `cluster`), replacing a full file (a new
+    /// file as `need` may allocate). The caller must write the slot with [`Nlog::write`], which
+    /// releases the reservation.
+    pub(crate) fn reserve(
+        &self,
+        node: usize,
+        cluster: u32,
+        need: Need,
+    ) -> Result<(Arc<LogFile>, u32)> {
         let mut active = self.actives[self.active_slot(node, cluster, false)].lock();
-        if let Some(f) = active.as_ref() {
+        if let Some(f) = active.file.as_ref() {
             // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file.
             let t = f.tail.load(Ordering::Relaxed);
             if t < f.slots {
@@ -363,10 +477,9 @@ impl Nlog {
             f.sealed.store(true, Ordering::Release);
         }
         // On OutOfSpace nothing was reserved and the old (full, sealed) file stays.
-        let f = self.new_file(node, cluster, false)?;
+        let f = self.replace_active(&mut active, node, cluster, false, need)?;
         f.pending.fetch_add(1, Ordering::AcqRel);
         f.tail.store(1, Ordering::Release);
-        *active = Some(Arc::clone(&f));
         Ok((f, 0))
     }
 
@@ -381,9 +494,10 @@ impl Nlog {
         node: usize,
         cluster: u32,
         words: u32,
+        need: Need,
     ) -> Result<(Arc<LogFile>, u32)> {
         let mut active = self.actives[self.active_slot(node, cluster, true)].lock();
-        let f = match active.as_ref() {
+        let f = match active.file.as_ref() {
             // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file.
             Some(f) if f.tail.load(Ordering::Relaxed) + words <= f.slots => Arc::clone(f),
             old => {
@@ -391,14 +505,13 @@ impl Nlog {
                     // ORDERING: Release; GC's Acquire load of `sealed` then sees the final tail.
                     f.sealed.store(true, Ordering::Release);
                 }
-                let f = self.new_file(node, cluster, true)?;
+                let f = self.replace_active(&mut active, node, cluster, true, need)?;
                 if words > f.slots {
                     return Err(Error::InvalidOptions(format!(
                         "a {words}-word entry does not fit a {}-word log file",
                         f.slots
                     )));
                 }
-                *active = Some(Arc::clone(&f));
                 f
             }
         };

@@ -94,7 +94,12 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, Rec
                     let h: &FileHeader = pool.get(x.ptr)?;
                     let size = x.pages * pool.page_size();
                     match FileInfo::read(h) {
-                        Ok(i) if i.node == node && i.cluster < clusters && i.size == size => {
+                        Ok(i)
+                            if i.node == node
+                                && i.cluster < clusters
+                                && i.size == size
+                                && x.pages <= u64::from(file_pages) =>
+                        {
                             found.push((i, x.ptr))
                         }
                         // Allocated, but the header never became durable (crash in
@@ -198,6 +203,7 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, Rec
         }
     }
     for f in newest.values() {
+        nlog.grow_after(f);
         if f.tail.load(Ordering::Relaxed) < f.slots {
             f.sealed.store(false, Ordering::Release);
             nlog.install(Arc::clone(f), true);
@@ -416,7 +422,7 @@ mod tests {
         let s = NStore::create(pool.clone(), &opts).unwrap();
         s.put_bytes(b"first", b"1").unwrap();
         // A reservation nobody completes.
-        let (torn, off) = s.inner.nlog.reserve_var(0, 0, 9).unwrap();
+        let (torn, off) = s.inner.nlog.reserve_var(0, 0, 9, crate::nlog::Need::Put).unwrap();
         s.put_bytes(b"after", b"the torn entry").unwrap();
         let va = s.inner.bindex.get(b"after").unwrap();
         assert_eq!((va.file(), va.slot()), (torn.info.id, off + 9), "same file, right after");

@@ -88,6 +88,9 @@ fn reader(inner: &Inner, node: usize, rx: &Mutex<Receiver<Job>>) {
         let Ok(job) = job else { return };
         let out: Result<Vec<_>> =
             job.items.iter().map(|&(i, k, va)| inner.read_at(k, va).map(|v| (i, v))).collect();
+        // This thread's reads are part of the caller's scan: close them into the thread's
+        // totals (no operation of its own), so that the accounting sees them.
+        numakv_pmem::account::op_split();
         let _ = job.reply.send(out);
         if inner.stop.load(Ordering::Acquire) {
             return;
