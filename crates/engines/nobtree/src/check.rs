@@ -19,7 +19,9 @@
 //!   split, a merge target and a migrated copy each carry their own);
 //! - `upper ...`: every replica holds the same sorted entries, routes each entry's key to it,
 //!   and every entry is a node of the head's level whose `low` is the entry key; the entries and
-//!   the temporary list together name every node of that level;
+//!   the temporary list together name every node of that level — or, while the head is below
+//!   the top level (the young first subindex, whose growth may have run out of space), the head
+//!   alone;
 //! - `reachable allocated`: every node, replica and log block is a block NSM considers
 //!   allocated. The reported `allocated_blocks` leaves out blocks retired (a migrated or merged
 //!   node, a replaced replica) and still awaiting their epoch grace period: they are known
@@ -137,7 +139,16 @@ impl Tree {
             }
             named.insert(p);
         }
-        if named.len() != top.len() {
+        // The young first subindex (head below the top level) is named by the key-0 entry
+        // alone; other nodes of its level (a root growth not run yet, or out of space) are
+        // reached from the head through sibling pointers.
+        let young = Node::resolve(&self.pool, head)?.level() < self.top();
+        if young && (named.len() != 1 || !named.contains(&head)) {
+            return Err(bad(
+                "upper entries: a young first subindex must be named by the head alone",
+            ));
+        }
+        if !young && named.len() != top.len() {
             return Err(bad(format!(
                 "upper entries: {} top-level nodes but {} named by the upper layer",
                 top.len(),

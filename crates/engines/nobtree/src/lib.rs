@@ -21,6 +21,14 @@
 //!
 //! Formats, protocols and the resolved ambiguities: docs/design.md, section "NOBtree".
 //!
+//! # Pause and failure points
+//!
+//! For the interleaving tests (docs/design.md §12; compiled only with the `failpoints` feature
+//! of `numakv-pmem`, which this crate enables in its dev-dependencies alone):
+//!
+//! - `nobtree.grow_root` (failure): the growth of the first subindex fails as if the pool were
+//!   out of space (the split's `link` swallows it: the new node stays an orphan).
+//!
 //! ```
 //! use numakv_index::{Engine, Index};
 //! use numakv_nobtree::{Nobtree, NobtreeOptions};

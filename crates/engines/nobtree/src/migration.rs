@@ -453,6 +453,13 @@ impl Tree {
             return Ok(false);
         }
         let is_root = level == self.top();
+        // Without a parent level (the young first subindex; a root growth that has not run
+        // yet or ran out of space) the parent descent below would end on this level's chain —
+        // on `L` or `O`, held by this thread — and wait for its own lock. Checked before any
+        // lock is taken; the head only grows, so the answer cannot turn false meanwhile.
+        if !is_root && !self.has_parent_level(level)? {
+            return Ok(false);
+        }
         // Previous sibling: the node of this level covering low - 1.
         let mut path = Vec::new();
         let (lp, _) = self.descend(low - 1, level, &mut path, &guard)?;
@@ -482,7 +489,7 @@ impl Tree {
             };
             let p = pg.node();
             if p.level() != level + 1 {
-                return Ok(false); // no parent level yet: the young first subindex
+                return Ok(false); // cannot happen: the parent level existed before the locks
             }
             let pw = p.slots();
             let slot = if p.leftmost() == node {
