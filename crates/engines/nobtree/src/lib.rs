@@ -28,6 +28,8 @@
 //!
 //! - `nobtree.grow_root` (failure): the growth of the first subindex fails as if the pool were
 //!   out of space (the split's `link` swallows it: the new node stays an orphan).
+//! - `nobtree.migrate.parent_switched` (pause): a migration has armed the log and pointed the
+//!   parent (or the upper layer) at the copy; the previous sibling still names the original.
 //!
 //! ```
 //! use numakv_index::{Engine, Index};
@@ -178,6 +180,11 @@ pub(crate) struct Tree {
     pub(crate) upper_lock: Mutex<Vec<(u64, PPtr)>>,
     /// Serialises the growth of the first subindex (a new root above the head).
     pub(crate) grow_lock: Mutex<()>,
+    /// Serialises migrations: the coordinator and the public `migrate_*_of` share the one
+    /// migration log block, and an armed log must describe the migration in flight (two at
+    /// once would overwrite or disarm each other's record, and a crash would redo a mixed one
+    /// or none). Taken before any node lock.
+    pub(crate) migrate_lock: Mutex<()>,
     pub(crate) next_id: AtomicU64,
     /// Blocks retired and not yet freed (awaiting their epoch grace period); `check()` does
     /// not count them as allocated.
@@ -214,6 +221,7 @@ impl Tree {
             upper: Atomic::new(upper),
             upper_lock: Mutex::new(Vec::new()),
             grow_lock: Mutex::new(()),
+            migrate_lock: Mutex::new(()),
             next_id: AtomicU64::new(next_id),
             retiring: Arc::new(AtomicU64::new(0)),
             walk: WalkStats::new(),

@@ -433,8 +433,8 @@ impl Tree {
 
     /// Migrates node `node` (id `id`; a leaf or, see the module docs, an inner node or a
     /// subindex root) to NUMA node `target` (§III-D); `Ok(false)` when it aborted (the node
-    /// changed, split, moved or is not migratable). Called by the coordinator thread (one
-    /// migration at a time) and by tests.
+    /// changed, split, moved or is not migratable). Called by the coordinator thread and by
+    /// the public `migrate_*_of`; one migration runs at a time (`Tree::migrate_lock`).
     pub(crate) fn migrate(
         &self,
         node: PPtr,
@@ -445,6 +445,8 @@ impl Tree {
         if target >= self.pool.nodes() {
             return Ok(false);
         }
+        // One migration at a time: the log block is shared (see `Tree::migrate_lock`).
+        let _one = self.migrate_lock.lock();
         let guard = epoch::pin();
         let o = self.node(node)?;
         let low = o.low();
@@ -567,6 +569,7 @@ impl Tree {
             }
         }
         drop(upper_guard);
+        numakv_pmem::pause_point!("nobtree.migrate.parent_switched");
         // Previous sibling: shadow pointer, then flip.
         let l = lg.node();
         let ls = lg.state();

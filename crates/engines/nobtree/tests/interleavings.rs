@@ -100,3 +100,62 @@ fn merge_and_migration_without_a_parent_level_finish() {
         drop(t);
     }
 }
+
+/// Issue 19: the coordinator and the public `migrate_*_of` share one migration log block. A
+/// migration `A` parks with its log armed and its parent already pointing at the copy; a second
+/// migration `B` elsewhere in the tree then ran to its end — overwriting the log with its own
+/// record and disarming it — and a crash at that moment left `A` half done with nothing to
+/// redo: the parent named the copy, the previous sibling the original (`check()` failed after
+/// recovery). Now migrations are serialised: `B` waits until `A` is done, the crash finds `A`'s
+/// log armed and recovery redoes it.
+#[test]
+fn concurrent_migrations_do_not_share_the_log() {
+    use numakv_pmem::{CrashOptions, PersistMode, SimMode};
+    use std::collections::BTreeMap;
+    let sc = Scenario::setup();
+    let opts = NobtreeOptions { nsm_mode: NsmMode::Node(0), ..quiet() };
+    let d = tempfile::tempdir().unwrap();
+    let t = Arc::new(common::create(d.path(), PersistMode::Adr, SimMode::Shadow, &opts));
+    let mut model = BTreeMap::new();
+    for k in 1..=1500u64 {
+        t.insert(k * 5, vk(k)).unwrap();
+        model.insert(k * 5, vk(k));
+    }
+    let pool = Arc::clone(t.pool());
+    let parked = sc.pause_thread("nobtree.migrate.parent_switched", "mig-a");
+    // Leaves far apart: different parents (height 2: different subindex roots) and siblings.
+    let a = {
+        let t = Arc::clone(&t);
+        thread::Builder::new()
+            .name("mig-a".into())
+            .spawn(move || t.migrate_leaf_of(1000, 1))
+            .unwrap()
+    };
+    parked.wait_parked();
+    let (tx, rx) = mpsc::channel();
+    let b = {
+        let t = Arc::clone(&t);
+        thread::Builder::new()
+            .name("mig-b".into())
+            .spawn(move || {
+                let r = t.migrate_leaf_of(6000, 1);
+                let _ = tx.send(());
+                r
+            })
+            .unwrap()
+    };
+    // Before the fix `B` finishes here; now it waits for `A`.
+    let b_done_first = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+    pool.crash(CrashOptions::STRICT).unwrap();
+    parked.release();
+    let _ = a.join().unwrap();
+    let _ = b.join().unwrap();
+    drop(t);
+    drop(pool);
+    let (t, rep) = common::reopen(d.path(), SimMode::Shadow, &opts);
+    assert!(!rep.was_clean);
+    common::verify(&t, &model, None, true);
+    assert!(!b_done_first, "a second migration ran while the first had the log armed");
+    let redone = rep.counters.iter().find(|c| c.0 == "migration_redone").map(|c| c.1);
+    assert_eq!(redone, Some(1), "{rep:?}");
+}
