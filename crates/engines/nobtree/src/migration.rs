@@ -4,9 +4,12 @@
 //! tenth) records, in a DRAM hash table keyed by the leaf's node id, whether the access was
 //! local or remote (the leaf's PM node against the thread's node). A leaf whose sampled
 //! accesses in the current window reach `hot_threshold` and are mostly remote (`remote_share`)
-//! goes into the global queue with its parent (from the descent), the previous sibling (found
-//! again by the coordinator: it may change before the migration runs) and the target node (the
-//! accessing thread's). The table is cleared every `window` samples (the monitoring window).
+//! goes into the global queue by name — its `low`, level and id — with the target node (the
+//! accessing thread's); the coordinator finds the node again by a descent under its own pin and
+//! migrates it only if it still carries that id, so no queued pointer is ever dereferenced
+//! after its node could have been freed. Its previous sibling and parent are found at that
+//! point too (they may change before the migration runs). The table is cleared every `window`
+//! samples (the monitoring window).
 //!
 //! **Migrating** (the coordinator thread, [`Tree::migrate`]): lock the previous sibling `L`,
 //! the node `O`, the parent `P` (left to right, then upwards: no other thread ever holds two
@@ -107,12 +110,16 @@ impl MigrationOptions {
     }
 }
 
-/// One queued migration.
+/// One queued migration: which node, by name, not by pointer. The node may be split, merged,
+/// migrated and its block freed and reused before the coordinator gets to it, so the queue holds
+/// no pointer to dereference later; the coordinator finds the node again by a descent to
+/// `(low, level)` under its own pin and migrates it only if that node still carries `id` (ids
+/// are unique per store: a copy, a split half and a merge target each get a fresh one).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Candidate {
-    node: PPtr,
+    low: u64,
+    level: u32,
     id: u64,
-    parent: PPtr,
     target: usize,
 }
 
@@ -265,7 +272,7 @@ impl Migrator {
                 s.lock().clear();
             }
         }
-        self.record_one(n, ptr, path.get(1).copied().unwrap_or(PPtr::NULL));
+        self.record_one(n, ptr);
         if self.opts.inner {
             // The inner nodes of this descent (`path[l]` = the node visited at level l; the
             // caller is pinned, so they are readable even if retired meanwhile).
@@ -275,14 +282,13 @@ impl Migrator {
                     continue;
                 }
                 if let Ok(inner) = Node::resolve(pool, p) {
-                    let parent = path.get(l + 1).copied().unwrap_or(PPtr::NULL);
-                    self.record_one(&inner, p, parent);
+                    self.record_one(&inner, p);
                 }
             }
         }
     }
 
-    fn record_one(&self, n: &Node<'_>, ptr: PPtr, parent: PPtr) {
+    fn record_one(&self, n: &Node<'_>, ptr: PPtr) {
         let id = n.hdr.id.load(Ordering::Relaxed);
         let here = numakv_pmem::numa::current_node() % self.nodes;
         let remote = ptr.node() != here;
@@ -305,7 +311,7 @@ impl Migrator {
         if hot {
             let mut q = self.queue.lock();
             if q.len() < self.opts.queue_capacity {
-                q.push_back(Candidate { node: ptr, id, parent, target: here });
+                q.push_back(Candidate { low: n.low(), level: n.level(), id, target: here });
                 self.counters.queued.fetch_add(1, Ordering::Relaxed);
                 self.wake.notify_one();
             }
@@ -344,12 +350,11 @@ fn coordinator(tree: Weak<Tree>) {
             c
         };
         if let Some(c) = next {
-            if c.node.node() != c.target {
-                match t.migrate(c.node, c.id, c.parent, c.target) {
-                    Ok(true) => m.counters.migrated.fetch_add(1, Ordering::Relaxed),
-                    _ => m.counters.aborted.fetch_add(1, Ordering::Relaxed),
-                };
-            }
+            match t.migrate_queued(c) {
+                Ok(Some(true)) => m.counters.migrated.fetch_add(1, Ordering::Relaxed),
+                Ok(None) => 0, // already on the target node
+                _ => m.counters.aborted.fetch_add(1, Ordering::Relaxed),
+            };
             m.busy.store(false, Ordering::Release);
         }
         drop(t);
@@ -435,19 +440,22 @@ impl Tree {
     /// subindex root) to NUMA node `target` (§III-D); `Ok(false)` when it aborted (the node
     /// changed, split, moved or is not migratable). Called by the coordinator thread and by
     /// the public `migrate_*_of`; one migration runs at a time (`Tree::migrate_lock`).
+    ///
+    /// `node` must have been found under `guard` (by a descent), so its block cannot have
+    /// been freed and reused meanwhile: every pointer this dereferences is safe by
+    /// construction.
     pub(crate) fn migrate(
         &self,
         node: PPtr,
         id: u64,
-        _parent_hint: PPtr,
         target: usize,
+        guard: &epoch::Guard,
     ) -> Result<bool> {
         if target >= self.pool.nodes() {
             return Ok(false);
         }
         // One migration at a time: the log block is shared (see `Tree::migrate_lock`).
         let _one = self.migrate_lock.lock();
-        let guard = epoch::pin();
         let o = self.node(node)?;
         let low = o.low();
         let level = o.level();
@@ -464,7 +472,7 @@ impl Tree {
         }
         // Previous sibling: the node of this level covering low - 1.
         let mut path = Vec::new();
-        let (lp, _) = self.descend(low - 1, level, &mut path, &guard)?;
+        let (lp, _) = self.descend(low - 1, level, &mut path, guard)?;
         let lg = WriteGuard::lock(self.node(lp)?);
         if lg.node().is_obsolete()
             || lg.node().level() != level
@@ -480,7 +488,7 @@ impl Tree {
         // subindex root: the upper layer, checked under its mutex below).
         let mut parent = None;
         if !is_root {
-            let (mut pp, _) = self.descend(low, level + 1, &mut path, &guard)?;
+            let (mut pp, _) = self.descend(low, level + 1, &mut path, guard)?;
             let pg = loop {
                 let g = WriteGuard::lock(self.node(pp)?);
                 match self.must_leave(&g.node(), g.state(), low)? {
@@ -511,7 +519,7 @@ impl Tree {
         if is_root {
             let temp = self.upper_lock.lock();
             // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
-            let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
+            let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
             let in_upper =
                 up.is_some_and(|u| u.entries(&self.pool, 0).binary_search(&(low, node)).is_ok());
             let in_temp = temp.iter().any(|&(k, p)| k == low && p == node);
@@ -560,7 +568,7 @@ impl Tree {
             None => {
                 let temp = upper_guard.as_mut().expect("root migration holds the upper mutex");
                 // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
-                if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() } {
+                if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() } {
                     up.replace(&self.pool, low, node, np);
                 }
                 for e in temp.iter_mut().filter(|e| e.1 == node) {
@@ -591,10 +599,27 @@ impl Tree {
         // SAFETY: `node` is unlinked (parent — or the upper layer — and previous sibling name
         // the copy, and it is marked obsolete for anyone holding it); it is retired once,
         // after the grace period.
-        unsafe { self.retire_block(&guard, node) };
+        unsafe { self.retire_block(guard, node) };
         // Hand the deferred free to the global queue now: the coordinator may sleep for long.
         guard.flush();
         Ok(true)
+    }
+
+    /// A queued candidate: the node of `c.level` covering `c.low`, found again under a fresh
+    /// pin, migrated if it is still the queued node (same id). `Ok(None)`: it is already on the
+    /// target node.
+    fn migrate_queued(&self, c: Candidate) -> Result<Option<bool>> {
+        let guard = epoch::pin();
+        let mut path = Vec::new();
+        let (p, _) = self.descend(c.low, c.level, &mut path, &guard)?;
+        let n = self.node(p)?;
+        if n.level() != c.level || n.low() != c.low || n.hdr.id.load(Ordering::Relaxed) != c.id {
+            return Ok(Some(false)); // split, merged or migrated since it was queued
+        }
+        if p.node() == c.target {
+            return Ok(None);
+        }
+        self.migrate(p, c.id, c.target, &guard).map(Some)
     }
 
     /// Migrates the node of `level` covering `key` to `target` (tests, repros).
@@ -607,18 +632,11 @@ impl Tree {
             return Ok(false);
         }
         let id = n.hdr.id.load(Ordering::Relaxed);
-        drop(guard);
-        self.migrate(p, id, PPtr::NULL, target)
+        self.migrate(p, id, target, &guard)
     }
 
     /// Migrates the leaf holding `key` to `target` (tests, repros).
     pub(crate) fn migrate_key(&self, key: u64, target: usize) -> Result<bool> {
-        let guard = epoch::pin();
-        let mut path = Vec::new();
-        let (leaf, _) = self.descend(key, 0, &mut path, &guard)?;
-        let n = self.node(leaf)?;
-        let id = n.hdr.id.load(Ordering::Relaxed);
-        drop(guard);
-        self.migrate(leaf, id, PPtr::NULL, target)
+        self.migrate_level_key(key, 0, target)
     }
 }
