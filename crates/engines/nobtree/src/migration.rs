@@ -276,8 +276,7 @@ impl Migrator {
         if self.opts.inner {
             // The inner nodes of this descent (`path[l]` = the node visited at level l; the
             // caller is pinned, so they are readable even if retired meanwhile).
-            for l in 1..path.len() {
-                let p = path[l];
+            for &p in path.iter().skip(1) {
                 if p.is_null() {
                     continue;
                 }
