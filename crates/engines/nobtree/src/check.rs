@@ -4,7 +4,7 @@
 //! - `head`: the head covers from key 0 and is on a level below the height threshold;
 //! - `node magic` / `node level` / `sibling ranges`: every level's chain holds nodes of that
 //!   level with strictly ascending `low`, the first at 0;
-//! - `unlocked`: no node is write-locked, none is obsolete;
+//! - `unlocked`: no node is write-locked, none is obsolete or frozen;
 //! - `slot word`: count ≤ 12, distinct positions, keys strictly ascending in logical order, all
 //!   inside `[low, high)`; the state counter mirrors the count;
 //! - `children`: the children of every inner node (leftmost, then records in order) are nodes of
@@ -65,8 +65,8 @@ impl Tree {
                     return Err(bad(format!("node ids: node {p} repeats an id")));
                 }
                 let s = n.state();
-                if st_locked(s) || n.is_obsolete() {
-                    return Err(bad(format!("unlocked: node {p} is locked or obsolete")));
+                if st_locked(s) || n.is_obsolete() || n.is_frozen() {
+                    return Err(bad(format!("unlocked: node {p} is locked, obsolete or frozen")));
                 }
                 let sib = n.sibling(s);
                 let high = if sib.is_null() { END } else { Node::resolve(&self.pool, sib)?.low() };

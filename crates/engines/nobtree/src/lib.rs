@@ -28,6 +28,8 @@
 //!
 //! - `nobtree.grow_root` (failure): the growth of the first subindex fails as if the pool were
 //!   out of space (the split's `link` swallows it: the new node stays an orphan).
+//! - `nobtree.migrate.frozen` (pause): a migration has frozen the node, written its copy and
+//!   frozen the previous sibling and the parent; nothing is switched yet.
 //! - `nobtree.migrate.parent_switched` (pause): a migration has armed the log and pointed the
 //!   parent (or the upper layer) at the copy; the previous sibling still names the original.
 //!

@@ -11,15 +11,17 @@
 //! point too (they may change before the migration runs). The table is cleared every `window`
 //! samples (the monitoring window).
 //!
-//! **Migrating** (the coordinator thread, [`Tree::migrate`]): lock the previous sibling `L`,
-//! the node `O`, the parent `P` (left to right, then upwards: no other thread ever holds two
-//! node locks, so this cannot deadlock); abort unless `L`'s functional sibling is `O` and `P`
-//! references `O` (a structural modification touched them since the node was queued); copy `O`
-//! to a new node `O'` on the target node (durable); arm the PM log `{old, new, parent, prev}`;
-//! point `P`'s reference and `L`'s sibling (shadow pointer + `sib_ver` flip) to `O'`; mark `O`
-//! obsolete; disarm the log; unlock; retire `O` under the epoch. Readers are never blocked:
-//! one inside `O` fails validation (the unlock moves its version), sees the obsolete flag and
-//! restarts from the upper layer.
+//! **Migrating** (the coordinator thread, [`Tree::migrate`]; one at a time): *freeze* the node
+//! `O` (under its lock for a moment: set the volatile FROZEN flag; writers then wait, merges
+//! give up, readers go on reading `O`, which cannot change); copy it to a new node `O'` on the
+//! target node (durable, frozen too) with no lock held; freeze the previous sibling `L` and the
+//! parent `P` the same way after checking that `L`'s functional sibling is `O` and `P`
+//! references `O` (else abort: unfreeze, free `O'`); arm the PM log `{old, new, parent, prev}`;
+//! point `P`'s reference (one 8-byte store) and `L`'s sibling (shadow pointer + a CAS flip of
+//! `sib_ver`) to `O'`; mark `O` obsolete, unfreeze `O'`; disarm the log; unfreeze `L`, `P`;
+//! retire `O` under the epoch. No reader ever waits: one inside `O` reads records equal to
+//! `O'`'s (no write enters `O'` until no new reader can reach `O`), one inside `L` fails
+//! validation at the flip and retries.
 //!
 //! **Crash consistency.** The two reference updates cannot be made atomic together, hence the
 //! log: `O'` is complete and durable before the log is armed, so recovery *redoes* an armed log
@@ -56,8 +58,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::bottom::{find, init_node, Step};
 use crate::layout::{
-    self, meta_word, sl_count, sl_pos, st_sib_ver, st_with, MigLog, Node, FLAG_OBSOLETE,
-    MIGLOG_ACTIVE, NODE_SIZE,
+    self, meta_word, sl_count, sl_pos, st_locked, st_sib_ver, st_with, MigLog, Node, FLAG_FROZEN,
+    FLAG_OBSOLETE, MIGLOG_ACTIVE, NODE_SIZE, VERSION_ONE,
 };
 use crate::lock::WriteGuard;
 use crate::Tree;
@@ -135,6 +137,13 @@ struct MigCounters {
     queued: AtomicU64,
     migrated: AtomicU64,
     aborted: AtomicU64,
+    /// Nanoseconds completed migrations held their node locks (from the first lock that
+    /// blocks other threads to the last unlock), all of them together, and the longest.
+    hold_ns: AtomicU64,
+    hold_max_ns: AtomicU64,
+    /// The same for subindex-root migrations alone (they also hold the upper-layer mutex).
+    root_migrated: AtomicU64,
+    root_hold_ns: AtomicU64,
 }
 
 thread_local! {
@@ -242,6 +251,10 @@ impl Migrator {
             ("migrations_queued", g(&c.queued)),
             ("migrations", g(&c.migrated)),
             ("migrations_aborted", g(&c.aborted)),
+            ("migration_hold_ns", g(&c.hold_ns)),
+            ("migration_hold_max_ns", g(&c.hold_max_ns)),
+            ("root_migrations", g(&c.root_migrated)),
+            ("root_migration_hold_ns", g(&c.root_hold_ns)),
         ]
     }
 
@@ -314,6 +327,85 @@ impl Migrator {
                 self.counters.queued.fetch_add(1, Ordering::Relaxed);
                 self.wake.notify_one();
             }
+        }
+    }
+}
+
+/// Flips `sib_ver` of the frozen node `l` without holding its lock: a CAS from an even
+/// (unlocked) state to the flipped state two versions on, so readers that snapshotted the old
+/// state fail validation and retry — none waits. A writer may hold the lock for an instant (it
+/// took it, found the node frozen and lets go): the CAS then fails and is retried.
+fn flip_frozen(l: &Node<'_>) {
+    loop {
+        let s = l.hdr.state.load(Ordering::Acquire);
+        if st_locked(s) {
+            std::hint::spin_loop();
+            continue;
+        }
+        let flipped = st_with(s, s & 0xff, st_sib_ver(s) + 1).wrapping_add(2 * VERSION_ONE);
+        // ORDERING: AcqRel; the Release publishes the shadow pointer stored before (readers
+        // load the state with Acquire), the Acquire orders this after the last unlock.
+        if l.hdr.state.compare_exchange(s, flipped, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return;
+        }
+    }
+}
+
+/// A node a migration froze: unfrozen on drop unless the migration committed (made it obsolete).
+struct Frozen<'a> {
+    node: Node<'a>,
+    level: u32,
+    done: bool,
+}
+
+impl Frozen<'_> {
+    fn commit(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // ORDERING: Release; the migration's reads of the node are done. Writers waiting
+            // for the freeze take the node's lock next (Acquire) and see it cleared.
+            self.node.hdr.meta.store(meta_word(self.level, 0), Ordering::Release);
+        }
+    }
+}
+
+/// A migration's copy, freed on drop unless linked.
+struct Unlinked<'a> {
+    tree: &'a Tree,
+    p: PPtr,
+    done: bool,
+}
+
+impl Unlinked<'_> {
+    fn commit(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Unlinked<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // SAFETY: allocated by this migration and never linked (no reference names it;
+            // the log was not armed for it, or the migration committed and `done` is set).
+            let _ = unsafe { self.tree.nsm.free(self.p) };
+        }
+    }
+}
+
+impl Migrator {
+    /// Records how long a completed migration held its locks.
+    fn held(&self, ns: u64, root: bool) {
+        let c = &self.counters;
+        c.hold_ns.fetch_add(ns, Ordering::Relaxed);
+        c.hold_max_ns.fetch_max(ns, Ordering::Relaxed);
+        if root {
+            c.root_migrated.fetch_add(1, Ordering::Relaxed);
+            c.root_hold_ns.fetch_add(ns, Ordering::Relaxed);
         }
     }
 }
@@ -469,20 +561,42 @@ impl Tree {
         if !is_root && !self.has_parent_level(level)? {
             return Ok(false);
         }
-        // Previous sibling: the node of this level covering low - 1.
+        // 1. Freeze `O` (under its lock, for a moment): writers wait from now on, readers do
+        //    not — they go on reading `O`, which cannot change until it is obsolete.
+        let (recs, sib, leftmost) = {
+            let og = WriteGuard::lock(o);
+            if o.is_obsolete() || o.hdr.id.load(Ordering::Relaxed) != id || o.low() != low {
+                return Ok(false);
+            }
+            o.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
+            (o.records(o.slots()), o.sibling(og.state()), o.leftmost())
+        };
+        let frozen_o = Frozen { node: o, level, done: false };
+        // 2. The copy on the target node, complete and durable, before anything else.
+        let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
+        let unlinked = Unlinked { tree: self, p: np, done: false };
+        init_node(&self.pool, np, level, leftmost, low, sib, self.new_id(), &recs)?;
+        // The copy is frozen too until both references name it: a write into it while `L`
+        // still leads to `O` would be missed by readers (scans) walking from `L` into `O`.
+        let copy = self.node(np)?;
+        // ORDERING: Release; ordered before the Release stores that publish the copy.
+        copy.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
+        // 3. Freeze the previous sibling `L` (the node of this level covering low - 1) and
+        //    the parent `P` the same way, after checking that they still reference `O`: a
+        //    frozen node's references cannot change (writers wait, merges give up), so the
+        //    checks hold until the switches below, which no reader waits for.
         let mut path = Vec::new();
         let (lp, _) = self.descend(low - 1, level, &mut path, guard)?;
-        let lg = WriteGuard::lock(self.node(lp)?);
-        if lg.node().is_obsolete()
-            || lg.node().level() != level
-            || lg.node().sibling(lg.state()) != node
+        let l = self.node(lp)?;
         {
-            return Ok(false);
+            let lg = WriteGuard::lock(l);
+            if l.is_obsolete() || l.level() != level || l.sibling(lg.state()) != node {
+                return Ok(false);
+            }
+            l.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
         }
-        let og = WriteGuard::lock(o);
-        if o.is_obsolete() || o.hdr.id.load(Ordering::Relaxed) != id || o.low() != low {
-            return Ok(false);
-        }
+        let frozen_l = Frozen { node: l, level, done: false };
+        let held_since = std::time::Instant::now();
         // Parent: the node one level up covering `low`, which must reference `node` (for a
         // subindex root: the upper layer, checked under its mutex below).
         let mut parent = None;
@@ -509,36 +623,27 @@ impl Tree {
                     _ => return Ok(false), // an orphan, or the parent changed: abort
                 }
             };
-            parent = Some((pp, pg, slot));
+            p.hdr.meta.store(meta_word(level + 1, FLAG_FROZEN), Ordering::Release);
+            drop(pg);
+            parent = Some((pp, Frozen { node: p, level: level + 1, done: false }, slot));
         }
         // For a root: the upper layer must name it (replicas or temporary list). The mutex is
-        // held until the reference is switched (no rebuild or upper insert in between); it is
-        // taken after the node locks, and no holder of it ever waits for a node lock.
+        // held until the reference is switched (no rebuild or upper insert in between); no
+        // holder of it ever waits for a node. The replicas are searched for the root's own
+        // entry, not listed.
         let mut upper_guard = None;
         if is_root {
             let temp = self.upper_lock.lock();
             // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
             let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
-            let in_upper =
-                up.is_some_and(|u| u.entries(&self.pool, 0).binary_search(&(low, node)).is_ok());
+            let in_upper = up.is_some_and(|u| u.names(&self.pool, low, node));
             let in_temp = temp.iter().any(|&(k, p)| k == low && p == node);
             if !in_upper && !in_temp {
                 return Ok(false); // its upper insert has not run yet
             }
             upper_guard = Some(temp);
         }
-        // Copy to the target node.
-        let s = og.state();
-        let recs = o.records(o.slots());
-        let sib = o.sibling(s);
-        let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
-        if let Err(e) =
-            init_node(&self.pool, np, level, o.leftmost(), low, sib, self.new_id(), &recs)
-        {
-            // SAFETY: allocated just above, never linked.
-            let _ = unsafe { self.nsm.free(np) };
-            return Err(e);
-        }
+        numakv_pmem::pause_point!("nobtree.migrate.frozen");
         // Arm the log.
         let log = self.miglog()?;
         log.old.store(node.raw(), Ordering::Relaxed);
@@ -550,16 +655,20 @@ impl Tree {
         log.state.store(MIGLOG_ACTIVE, Ordering::Release);
         // PERSIST: armed — from here recovery redoes the migration.
         self.pool.persist_obj(&log.state);
-        // Parent reference.
+        // Parent reference: one 8-byte store in a frozen node. A reader of `P` sees `O` or
+        // `O'`; both hold the same records (`O` is frozen) and `O` stays readable until the
+        // epoch grace period after its retirement.
         match &parent {
-            Some((_, pg, None)) => {
-                let p = pg.node();
+            Some((_, f, None)) => {
+                let p = f.node;
+                // ORDERING: Release; a reader that loads `O'` from here sees its contents.
                 p.hdr.leftmost.store(np.raw(), Ordering::Release);
                 // PERSIST: the parent's leftmost names the copy.
                 self.pool.persist(p.hdr_addr(), 64);
             }
-            Some((_, pg, Some(q))) => {
-                let p = pg.node();
+            Some((_, f, Some(q))) => {
+                let p = f.node;
+                // ORDERING: Release, as above.
                 p.recs[*q].val.store(np.raw(), Ordering::Release);
                 // PERSIST: the parent's child pointer names the copy.
                 self.pool.persist(p.rec_addr(*q), 16);
@@ -577,24 +686,33 @@ impl Tree {
         }
         drop(upper_guard);
         numakv_pmem::pause_point!("nobtree.migrate.parent_switched");
-        // Previous sibling: shadow pointer, then flip.
-        let l = lg.node();
-        let ls = lg.state();
-        let v = st_sib_ver(ls);
+        // Previous sibling: the shadow pointer (not read by anyone: it is the non-functional
+        // one, and `L` is frozen, so `sib_ver` cannot move), then the flip.
+        let v = st_sib_ver(l.state());
+        // ORDERING: Release; a reader that sees the flipped `sib_ver` sees the pointer.
         l.hdr.sib[((v + 1) & 1) as usize].store(np.raw(), Ordering::Release);
         // PERSIST: the shadow pointer is durable before the flip.
         self.pool.persist(l.hdr_addr(), 64);
-        lg.set_state(st_with(ls, ls & 0xff, v + 1));
+        flip_frozen(&l);
         // PERSIST: the flip: the sibling chain runs through the copy.
         self.pool.persist(l.hdr_addr(), 64);
-        // Obsolete (volatile meaning only: the node is unreachable in PM already).
+        // Obsolete (volatile meaning only: the node is unreachable in PM already); this also
+        // ends its freeze: writers waiting for `O` find it obsolete and restart.
         o.hdr.meta.store(meta_word(level, FLAG_OBSOLETE), Ordering::Release);
+        frozen_o.commit();
+        // Only now may writers enter the copy: no reader can reach `O` any more without having
+        // started before this point.
+        copy.hdr.meta.store(meta_word(level, 0), Ordering::Release);
+        unlinked.commit();
         log.state.store(0, Ordering::Release);
-        // PERSIST: disarmed after both references are durable.
+        // PERSIST: disarmed after both references are durable (and before `P` and `L` thaw:
+        // the log never names a node that may have been merged away and reused).
         self.pool.persist_obj(&log.state);
         drop(parent);
-        drop(og);
-        drop(lg);
+        drop(frozen_l);
+        if let Some(m) = &self.migrator {
+            m.held(held_since.elapsed().as_nanos() as u64, is_root);
+        }
         // SAFETY: `node` is unlinked (parent — or the upper layer — and previous sibling name
         // the copy, and it is marked obsolete for anyone holding it); it is retired once,
         // after the grace period.

@@ -360,7 +360,11 @@ impl Tree {
         if level >= self.top() || !self.has_parent_level(level)? {
             return Ok(None);
         }
-        let ng = WriteGuard::lock(self.node(node)?);
+        // Both nodes of this level give up rather than wait for a migration that froze one:
+        // it may be about to lock the left one (its previous sibling).
+        let Some(ng) = WriteGuard::lock_unless_frozen(self.node(node)?) else {
+            return Ok(None);
+        };
         let n = ng.node();
         if n.is_obsolete() {
             return Ok(None);
@@ -370,7 +374,9 @@ impl Tree {
         if rp.is_null() {
             return Ok(None);
         }
-        let rg = WriteGuard::lock(self.node(rp)?);
+        let Some(rg) = WriteGuard::lock_unless_frozen(self.node(rp)?) else {
+            return Ok(None);
+        };
         let r = rg.node();
         if r.is_obsolete() || r.level() != level {
             return Ok(None);

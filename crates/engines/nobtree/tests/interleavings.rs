@@ -159,3 +159,43 @@ fn concurrent_migrations_do_not_share_the_log() {
     let redone = rep.counters.iter().find(|c| c.0 == "migration_redone").map(|c| c.1);
     assert_eq!(redone, Some(1), "{rep:?}");
 }
+
+/// Issue 19 (the paper: migration "does not block any reader"): a migration parked with its
+/// node, the previous sibling and the parent frozen and its copy written. Readers of the
+/// node's keys go on reading through them (they used to wait for the node and parent locks,
+/// held through the copy, the allocation and every fence); a writer to the node waits until
+/// the migration is done and then writes the copy.
+#[test]
+fn readers_do_not_wait_for_a_migration() {
+    let sc = Scenario::setup();
+    let opts = NobtreeOptions { nsm_mode: NsmMode::Node(0), ..quiet() };
+    let t = Arc::new(volatile(&opts));
+    for k in 1..=3000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    let k = 1500;
+    let parked = sc.pause_thread("nobtree.migrate.frozen", "mig");
+    let m = {
+        let t = Arc::clone(&t);
+        thread::Builder::new().name("mig".into()).spawn(move || t.migrate_leaf_of(k, 1)).unwrap()
+    };
+    parked.wait_parked();
+    let t2 = Arc::clone(&t);
+    let got = finishes("reader", 10, move || t2.get(k).unwrap());
+    assert_eq!(got, Some(vk(k)), "the reader of the frozen node");
+    let (tx, rx) = mpsc::channel();
+    let w = {
+        let t = Arc::clone(&t);
+        thread::spawn(move || {
+            t.upsert(k, 7).unwrap();
+            let _ = tx.send(());
+        })
+    };
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "a write into a frozen node");
+    parked.release();
+    assert!(m.join().unwrap().unwrap(), "the migration committed");
+    w.join().unwrap();
+    assert_eq!(t.get(k).unwrap(), Some(7));
+    assert_eq!(t.leaf_node_of(k).unwrap(), 1);
+    t.check().unwrap();
+}
