@@ -252,10 +252,12 @@ impl Tree {
                 return Ok(true);
             }
         };
+        drop(g);
+        // After the unlock: the statistics cost nothing to the node's other writers (the node
+        // stays readable: this thread is pinned).
         if let Some(m) = &self.migrator {
             m.sample(&self.pool, &n, n.ptr, &path);
         }
-        drop(g);
         if kind != WriteKind::Update {
             self.after_insert(steps);
         }

@@ -313,7 +313,10 @@ impl Migrator {
                 e.0 += 1;
             }
             let total = e.0 + e.1;
-            let hot = total >= self.opts.hot_threshold
+            // The first node of a level (low 0) has no previous sibling: never migratable, so
+            // never queued (it was queued and aborted over and over).
+            let hot = n.low() != 0
+                && total >= self.opts.hot_threshold
                 && f64::from(e.1) > self.opts.remote_share * f64::from(total);
             if hot {
                 shard.remove(&id);
