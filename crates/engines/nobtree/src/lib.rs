@@ -387,7 +387,7 @@ impl Nobtree {
     pub fn node_of(&self, key: u64, level: u32) -> Result<usize> {
         check_key(key)?;
         let guard = epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         Ok(self.0.descend(key, level, &mut path, &guard)?.0.node())
     }
 
@@ -395,7 +395,7 @@ impl Nobtree {
     pub fn leaf_node_of(&self, key: u64) -> Result<usize> {
         check_key(key)?;
         let guard = epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         Ok(self.0.descend(key, 0, &mut path, &guard)?.0.node())
     }
 }

@@ -588,7 +588,7 @@ impl Tree {
         //    the parent `P` the same way, after checking that they still reference `O`: a
         //    frozen node's references cannot change (writers wait, merges give up), so the
         //    checks hold until the switches below, which no reader waits for.
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (lp, _) = self.descend(low - 1, level, &mut path, guard)?;
         let l = self.node(lp)?;
         {
@@ -730,7 +730,7 @@ impl Tree {
     /// target node.
     fn migrate_queued(&self, c: Candidate) -> Result<Option<bool>> {
         let guard = epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (p, _) = self.descend(c.low, c.level, &mut path, &guard)?;
         let n = self.node(p)?;
         if n.level() != c.level || n.low() != c.low || n.hdr.id.load(Ordering::Relaxed) != c.id {
@@ -745,7 +745,7 @@ impl Tree {
     /// Migrates the node of `level` covering `key` to `target` (tests, repros).
     pub(crate) fn migrate_level_key(&self, key: u64, level: u32, target: usize) -> Result<bool> {
         let guard = epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (p, _) = self.descend(key, level, &mut path, &guard)?;
         let n = self.node(p)?;
         if n.level() != level {

@@ -258,7 +258,7 @@ impl Tree {
                     if low == 0 {
                         return Err(Error::corrupted(ENGINE, "children: leftmost node orphaned"));
                     }
-                    let mut path = Vec::new();
+                    let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
                     self.link(level, low, p, &mut path, &guard)?;
                     linked += 1;
                 }

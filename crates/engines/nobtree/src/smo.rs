@@ -148,7 +148,7 @@ impl Tree {
                 if self.node(self.head()?)?.level() <= level {
                     self.grow_root(level)?;
                 }
-                let mut p2 = Vec::new();
+                let mut p2 = [PPtr::NULL; crate::bottom::MAX_PATH];
                 cand = self.descend(sep, level + 1, &mut p2, guard)?.0;
             }
             let g = loop {
@@ -156,7 +156,7 @@ impl Tree {
                 match self.must_leave(&g.node(), g.state(), sep)? {
                     Some(Step::Restart) => {
                         drop(g);
-                        let mut p2 = Vec::new();
+                        let mut p2 = [PPtr::NULL; crate::bottom::MAX_PATH];
                         cand = self.descend(sep, level + 1, &mut p2, guard)?.0;
                     }
                     Some(Step::Right(s)) => cand = s,
@@ -394,7 +394,7 @@ impl Tree {
         if sl_count(nw) + rrecs.len() > MERGE_MAX {
             return Ok(None);
         }
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (mut pp, _) = self.descend(rlow, level + 1, &mut path, guard)?;
         let pg = loop {
             let g = WriteGuard::lock(self.node(pp)?);
