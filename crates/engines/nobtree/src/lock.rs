@@ -33,11 +33,16 @@ impl<'a> WriteGuard<'a> {
     pub fn lock(node: Node<'a>) -> WriteGuard<'a> {
         let mut spins = 0u32;
         loop {
-            if let Some(g) = Self::try_lock(node) {
-                if !node.is_frozen() {
-                    return g;
+            // A frozen node is not even locked while it stays frozen: every lock and unlock
+            // moves its version and would send its readers (which a freeze lets through) back
+            // to retry.
+            if !node.is_frozen() {
+                if let Some(g) = Self::try_lock(node) {
+                    if !node.is_frozen() {
+                        return g;
+                    }
+                    drop(g);
                 }
-                drop(g);
             }
             spins += 1;
             if spins < 64 {
@@ -54,6 +59,9 @@ impl<'a> WriteGuard<'a> {
     pub fn lock_unless_frozen(node: Node<'a>) -> Option<WriteGuard<'a>> {
         let mut spins = 0u32;
         loop {
+            if node.is_frozen() {
+                return None;
+            }
             if let Some(g) = Self::try_lock(node) {
                 return (!node.is_frozen()).then_some(g);
             }
