@@ -141,6 +141,8 @@ struct Interval {
     ops: u64,
     reads: u64,
     remote: u64,
+    /// Migrations completed in the interval (the engine's `migrations` counter).
+    migrations: u64,
 }
 
 /// The intervals of one migration run and the engine's counters after it.
@@ -224,7 +226,18 @@ fn migration_run(
         }));
     }
     barrier.wait();
-    std::thread::sleep(interval * intervals as u32 + interval / 2);
+    // The coordinator's progress, read at every interval's end.
+    let t0 = Instant::now();
+    let migrations = || store.stats().counter("migrations").unwrap_or(0);
+    let mut done = Vec::with_capacity(intervals);
+    let mut last = migrations();
+    for i in 1..=intervals {
+        std::thread::sleep((interval * i as u32).saturating_sub(t0.elapsed()));
+        let now = migrations();
+        done.push(now - last);
+        last = now;
+    }
+    std::thread::sleep(interval / 2);
     stop.store(true, Ordering::Relaxed);
     let mut total = vec![Interval::default(); intervals];
     for h in handles {
@@ -234,6 +247,9 @@ fn migration_run(
             t.reads += x.reads;
             t.remote += x.remote;
         }
+    }
+    for (t, m) in total.iter_mut().zip(done) {
+        t.migrations = m;
     }
     account::set_latency(LatencyModel::NONE);
     account::set_enabled(false);
@@ -286,8 +302,9 @@ pub(crate) fn migration(opts: &ReproOptions) -> Result<(String, Report, Vec<Path
          frequently, thereby reducing remote NVM access\"; nodes qualify when \"they are \
          considered hot nodes and … most accesses are remote NVM accesses\".\n\n\
          ## Our measurement\n\n\
-         | interval | t (s) | nobtree Mops/s | nobtree remote share | nobtree-nomigrate Mops/s \
-         | nobtree-nomigrate remote share |\n|---:|---:|---:|---:|---:|---:|\n",
+         | interval | t (s) | nobtree Mops/s | nobtree remote share | nobtree migrations/s \
+         | nobtree-nomigrate Mops/s | nobtree-nomigrate remote share |\n\
+         |---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let secs = interval.as_secs_f64();
     let share =
@@ -296,10 +313,11 @@ pub(crate) fn migration(opts: &ReproOptions) -> Result<(String, Report, Vec<Path
         let (a, b) = (&runs[0].0[i], &runs[1].0[i]);
         let _ = writeln!(
             md,
-            "| {i} | {:.2} | {:.3} | {:.0}% | {:.3} | {:.0}% |",
+            "| {i} | {:.2} | {:.3} | {:.0}% | {:.0} | {:.3} | {:.0}% |",
             (i + 1) as f64 * secs,
             a.ops as f64 / secs / 1e6,
             share(a) * 100.0,
+            a.migrations as f64 / secs,
             b.ops as f64 / secs / 1e6,
             share(b) * 100.0
         );
@@ -319,10 +337,25 @@ pub(crate) fn migration(opts: &ReproOptions) -> Result<(String, Report, Vec<Path
         c("migrations_queued"),
         c("migrations_aborted")
     );
-    let mut csv = String::from("interval,engine,ops,pm_reads,remote_reads\n");
+    // Whether migrations settle: their rate in the first second against the rest.
+    let first_n = ((1.0 / secs).round() as usize).clamp(1, intervals);
+    let rate = |ivs: &[Interval]| {
+        ivs.iter().map(|iv| iv.migrations).sum::<u64>() as f64 / (ivs.len().max(1) as f64 * secs)
+    };
+    let later = &runs[0].0[first_n..];
+    let _ = writeln!(
+        md,
+        "\nnobtree migrations per second: {:.0} in the first second, {:.0} after it (at most \
+         {:.0} in one interval after it).",
+        rate(&runs[0].0[..first_n]),
+        rate(later),
+        later.iter().map(|iv| iv.migrations).max().unwrap_or(0) as f64 / secs
+    );
+    let mut csv = String::from("interval,engine,ops,pm_reads,remote_reads,migrations\n");
     for (name, run) in [("nobtree", &runs[0]), ("nobtree-nomigrate", &runs[1])] {
         for (i, iv) in run.0.iter().enumerate() {
-            let _ = writeln!(csv, "{i},{name},{},{},{}", iv.ops, iv.reads, iv.remote);
+            let _ =
+                writeln!(csv, "{i},{name},{},{},{},{}", iv.ops, iv.reads, iv.remote, iv.migrations);
         }
     }
     let path = opts.out_dir.join("nobtree-migration.csv");

@@ -55,6 +55,13 @@ pub(crate) fn init_node(
     Ok(())
 }
 
+/// Entries of a descent's path: one per level, the height threshold is at most 8.
+pub(crate) const MAX_PATH: usize = 9;
+
+/// A descent's path (`path[l]` = the node visited at level `l`, or null), on the stack: no
+/// operation allocates one on the heap.
+pub(crate) type Path = [PPtr; MAX_PATH];
+
 /// What an optimistic visit of a node found.
 pub(crate) enum Step {
     /// The key lies to the right: continue at this sibling.
@@ -123,12 +130,24 @@ impl Tree {
         &self,
         key: u64,
         level: u32,
-        path: &mut Vec<PPtr>,
+        path: &mut Path,
         guard: &Guard,
     ) -> Result<(PPtr, u64)> {
+        self.descend_snap(key, level, path, guard).map(|(p, steps, _)| (p, steps))
+    }
+
+    /// [`Tree::descend`], also returning the snapshot under which the returned node was found
+    /// to cover `key` (not obsolete, `key` below its high key): a reader that validates it
+    /// after reading the node need not visit the node's header (and its sibling's) again.
+    pub(crate) fn descend_snap(
+        &self,
+        key: u64,
+        level: u32,
+        path: &mut Path,
+        guard: &Guard,
+    ) -> Result<(PPtr, u64, ReadSnapshot)> {
         'restart: loop {
-            path.clear();
-            path.resize(self.height as usize + 1, PPtr::NULL);
+            path.fill(PPtr::NULL);
             let (mut cur, steps) = self.locate_root(key, guard)?;
             if self.node(cur)?.level() < level {
                 // A stale entry below the wanted level (the first subindex grew meanwhile).
@@ -150,7 +169,7 @@ impl Tree {
                 }
                 let lv = n.level();
                 if lv <= level {
-                    return Ok((cur, steps));
+                    return Ok((cur, steps, snap));
                 }
                 let child = route(&n, n.slots(), key);
                 if !snap.validate(&n) {
@@ -167,20 +186,13 @@ impl Tree {
 
     /// Algorithm 2 `Lookup`.
     pub(crate) fn lookup(&self, key: u64, guard: &Guard) -> Result<Option<u64>> {
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         'restart: loop {
-            let (mut cur, _) = self.descend(key, 0, &mut path, guard)?;
+            // The leaf with the snapshot under which the descent checked it: valid unless the
+            // leaf changed since, which the validation below detects.
+            let (mut cur, _, mut snap) = self.descend_snap(key, 0, &mut path, guard)?;
             loop {
                 let n = self.node(cur)?;
-                let snap = ReadSnapshot::begin(&n);
-                match self.must_leave(&n, snap.state, key)? {
-                    Some(Step::Restart) => continue 'restart,
-                    Some(Step::Right(s)) => {
-                        cur = s;
-                        continue;
-                    }
-                    None => {}
-                }
                 let w = n.slots();
                 let found = find(&n, w, key).map(|p| n.val(p));
                 if snap.validate(&n) {
@@ -190,6 +202,16 @@ impl Tree {
                     return Ok(found);
                 }
                 self.retry();
+                // The leaf changed: check it again (it may have split or been migrated).
+                loop {
+                    let n = self.node(cur)?;
+                    snap = ReadSnapshot::begin(&n);
+                    match self.must_leave(&n, snap.state, key)? {
+                        Some(Step::Restart) => continue 'restart,
+                        Some(Step::Right(s)) => cur = s,
+                        None => break,
+                    }
+                }
             }
         }
     }
@@ -198,7 +220,7 @@ impl Tree {
     pub(crate) fn lock_leaf<'a>(
         &'a self,
         key: u64,
-        path: &mut Vec<PPtr>,
+        path: &mut Path,
         guard: &Guard,
         steps_out: &mut u64,
     ) -> Result<WriteGuard<'a>> {
@@ -222,7 +244,7 @@ impl Tree {
     /// Insert / upsert / update (Algorithm 3 `Insert` with Algorithm 4 `store` at the leaf).
     pub(crate) fn write(&self, key: u64, val: u64, kind: WriteKind) -> Result<bool> {
         let guard = numakv_pmem::alloc::epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let mut steps = 0;
         let g = self.lock_leaf(key, &mut path, &guard, &mut steps)?;
         let n = g.node();
@@ -252,10 +274,12 @@ impl Tree {
                 return Ok(true);
             }
         };
+        drop(g);
+        // After the unlock: the statistics cost nothing to the node's other writers (the node
+        // stays readable: this thread is pinned).
         if let Some(m) = &self.migrator {
             m.sample(&self.pool, &n, n.ptr, &path);
         }
-        drop(g);
         if kind != WriteKind::Update {
             self.after_insert(steps);
         }
@@ -265,7 +289,7 @@ impl Tree {
     /// Removes `key` from its leaf: one slot-word store takes it out of the logical order.
     pub(crate) fn delete(&self, key: u64) -> Result<bool> {
         let guard = numakv_pmem::alloc::epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let mut steps = 0;
         let g = self.lock_leaf(key, &mut path, &guard, &mut steps)?;
         let n = g.node();

@@ -4,7 +4,7 @@
 //! - `head`: the head covers from key 0 and is on a level below the height threshold;
 //! - `node magic` / `node level` / `sibling ranges`: every level's chain holds nodes of that
 //!   level with strictly ascending `low`, the first at 0;
-//! - `unlocked`: no node is write-locked, none is obsolete;
+//! - `unlocked`: no node is write-locked, none is obsolete or frozen;
 //! - `slot word`: count ≤ 12, distinct positions, keys strictly ascending in logical order, all
 //!   inside `[low, high)`; the state counter mirrors the count;
 //! - `children`: the children of every inner node (leftmost, then records in order) are nodes of
@@ -19,7 +19,9 @@
 //!   split, a merge target and a migrated copy each carry their own);
 //! - `upper ...`: every replica holds the same sorted entries, routes each entry's key to it,
 //!   and every entry is a node of the head's level whose `low` is the entry key; the entries and
-//!   the temporary list together name every node of that level;
+//!   the temporary list together name every node of that level — or, while the head is below
+//!   the top level (the young first subindex, whose growth may have run out of space), the head
+//!   alone;
 //! - `reachable allocated`: every node, replica and log block is a block NSM considers
 //!   allocated. The reported `allocated_blocks` leaves out blocks retired (a migrated or merged
 //!   node, a replaced replica) and still awaiting their epoch grace period: they are known
@@ -63,8 +65,8 @@ impl Tree {
                     return Err(bad(format!("node ids: node {p} repeats an id")));
                 }
                 let s = n.state();
-                if st_locked(s) || n.is_obsolete() {
-                    return Err(bad(format!("unlocked: node {p} is locked or obsolete")));
+                if st_locked(s) || n.is_obsolete() || n.is_frozen() {
+                    return Err(bad(format!("unlocked: node {p} is locked, obsolete or frozen")));
                 }
                 let sib = n.sibling(s);
                 let high = if sib.is_null() { END } else { Node::resolve(&self.pool, sib)?.low() };
@@ -137,7 +139,16 @@ impl Tree {
             }
             named.insert(p);
         }
-        if named.len() != top.len() {
+        // The young first subindex (head below the top level) is named by the key-0 entry
+        // alone; other nodes of its level (a root growth not run yet, or out of space) are
+        // reached from the head through sibling pointers.
+        let young = Node::resolve(&self.pool, head)?.level() < self.top();
+        if young && (named.len() != 1 || !named.contains(&head)) {
+            return Err(bad(
+                "upper entries: a young first subindex must be named by the head alone",
+            ));
+        }
+        if !young && named.len() != top.len() {
             return Err(bad(format!(
                 "upper entries: {} top-level nodes but {} named by the upper layer",
                 top.len(),

@@ -15,7 +15,8 @@
 //!     32     8  sib[1]    shadow sibling pointer 1 (PPtr)
 //!     40     8  low       inclusive lower bound of the node's key range (0 = -inf); immutable
 //!     48     8  id        node id (migration statistics), unique per store
-//!     56     8  meta      bits 0..8 level (0 = leaf), bits 8..16 flags (bit 0 OBSOLETE),
+//!     56     8  meta      bits 0..8 level (0 = leaf), bits 8..16 flags (bit 0 OBSOLETE,
+//!                         bit 1 FROZEN: being copied by a migration; volatile meaning),
 //!                         bits 32..64 NODE_MAGIC
 //!     64   192  records   12 × (key u64, value u64); inner nodes: (separator, child PPtr)
 //! ```
@@ -86,6 +87,11 @@ pub const UP_MAGIC: u64 = 0x4e4f_4255_5050_4552; // "NOBUPPER"
 pub const NODE_MAGIC: u64 = 0x4e4f_424e; // "NOBN"
 /// `meta` flag: the node was migrated away and is no longer reachable.
 pub const FLAG_OBSOLETE: u64 = 1;
+/// `meta` flag: a migration is copying the node. Writers wait (merges give up) until the
+/// migration ends — with the node obsolete, or unfrozen if it aborted; readers ignore it and
+/// go on reading the node, whose contents cannot change meanwhile. Volatile meaning only:
+/// recovery clears it.
+pub const FLAG_FROZEN: u64 = 2;
 
 /// +inf key bound.
 pub const END: u64 = u64::MAX;
@@ -308,6 +314,12 @@ impl<'a> Node<'a> {
     #[inline]
     pub fn is_obsolete(&self) -> bool {
         (self.meta() >> 8) & FLAG_OBSOLETE != 0
+    }
+
+    /// True while a migration copies the node ([`FLAG_FROZEN`]).
+    #[inline]
+    pub fn is_frozen(&self) -> bool {
+        (self.meta() >> 8) & FLAG_FROZEN != 0
     }
 
     /// True when the magic is right.

@@ -21,6 +21,18 @@
 //!
 //! Formats, protocols and the resolved ambiguities: docs/design.md, section "NOBtree".
 //!
+//! # Pause and failure points
+//!
+//! For the interleaving tests (docs/design.md §12; compiled only with the `failpoints` feature
+//! of `numakv-pmem`, which this crate enables in its dev-dependencies alone):
+//!
+//! - `nobtree.grow_root` (failure): the growth of the first subindex fails as if the pool were
+//!   out of space (the split's `link` swallows it: the new node stays an orphan).
+//! - `nobtree.migrate.frozen` (pause): a migration has frozen the node, written its copy and
+//!   frozen the previous sibling and the parent; nothing is switched yet.
+//! - `nobtree.migrate.parent_switched` (pause): a migration has armed the log and pointed the
+//!   parent (or the upper layer) at the copy; the previous sibling still names the original.
+//!
 //! ```
 //! use numakv_index::{Engine, Index};
 //! use numakv_nobtree::{Nobtree, NobtreeOptions};
@@ -171,6 +183,11 @@ pub(crate) struct Tree {
     pub(crate) upper_lock: Mutex<Vec<(u64, PPtr)>>,
     /// Serialises the growth of the first subindex (a new root above the head).
     pub(crate) grow_lock: Mutex<()>,
+    /// Serialises migrations: the coordinator and the public `migrate_*_of` share the one
+    /// migration log block, and an armed log must describe the migration in flight (two at
+    /// once would overwrite or disarm each other's record, and a crash would redo a mixed one
+    /// or none). Taken before any node lock.
+    pub(crate) migrate_lock: Mutex<()>,
     pub(crate) next_id: AtomicU64,
     /// Blocks retired and not yet freed (awaiting their epoch grace period); `check()` does
     /// not count them as allocated.
@@ -207,6 +224,7 @@ impl Tree {
             upper: Atomic::new(upper),
             upper_lock: Mutex::new(Vec::new()),
             grow_lock: Mutex::new(()),
+            migrate_lock: Mutex::new(()),
             next_id: AtomicU64::new(next_id),
             retiring: Arc::new(AtomicU64::new(0)),
             walk: WalkStats::new(),
@@ -370,7 +388,7 @@ impl Nobtree {
     pub fn node_of(&self, key: u64, level: u32) -> Result<usize> {
         check_key(key)?;
         let guard = epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         Ok(self.0.descend(key, level, &mut path, &guard)?.0.node())
     }
 
@@ -378,7 +396,7 @@ impl Nobtree {
     pub fn leaf_node_of(&self, key: u64) -> Result<usize> {
         check_key(key)?;
         let guard = epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         Ok(self.0.descend(key, 0, &mut path, &guard)?.0.node())
     }
 }

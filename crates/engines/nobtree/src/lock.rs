@@ -26,12 +26,44 @@ pub struct WriteGuard<'a> {
 }
 
 impl<'a> WriteGuard<'a> {
-    /// Spins (then yields) until this thread holds `node`.
+    /// Spins (then yields) until this thread holds `node` and no migration has it frozen
+    /// (a frozen node's lock is released at once and waited for again: a migration copying
+    /// it must see it unchanged). Callers hold no other node lock that a migration could need
+    /// (see [`WriteGuard::lock_unless_frozen`] for those that do).
     pub fn lock(node: Node<'a>) -> WriteGuard<'a> {
         let mut spins = 0u32;
         loop {
+            // A frozen node is not even locked while it stays frozen: every lock and unlock
+            // moves its version and would send its readers (which a freeze lets through) back
+            // to retry.
+            if !node.is_frozen() {
+                if let Some(g) = Self::try_lock(node) {
+                    if !node.is_frozen() {
+                        return g;
+                    }
+                    drop(g);
+                }
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// As [`WriteGuard::lock`], but `None` when a migration has the node frozen: for a
+    /// thread that already holds a node the migration may need (a merge holding the left
+    /// node — the migrated node's previous sibling — must not wait for it).
+    pub fn lock_unless_frozen(node: Node<'a>) -> Option<WriteGuard<'a>> {
+        let mut spins = 0u32;
+        loop {
+            if node.is_frozen() {
+                return None;
+            }
             if let Some(g) = Self::try_lock(node) {
-                return g;
+                return (!node.is_frozen()).then_some(g);
             }
             spins += 1;
             if spins < 64 {

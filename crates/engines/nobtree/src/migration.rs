@@ -4,19 +4,24 @@
 //! tenth) records, in a DRAM hash table keyed by the leaf's node id, whether the access was
 //! local or remote (the leaf's PM node against the thread's node). A leaf whose sampled
 //! accesses in the current window reach `hot_threshold` and are mostly remote (`remote_share`)
-//! goes into the global queue with its parent (from the descent), the previous sibling (found
-//! again by the coordinator: it may change before the migration runs) and the target node (the
-//! accessing thread's). The table is cleared every `window` samples (the monitoring window).
+//! goes into the global queue by name — its `low`, level and id — with the target node (the
+//! accessing thread's); the coordinator finds the node again by a descent under its own pin and
+//! migrates it only if it still carries that id, so no queued pointer is ever dereferenced
+//! after its node could have been freed. Its previous sibling and parent are found at that
+//! point too (they may change before the migration runs). The table is cleared every `window`
+//! samples (the monitoring window).
 //!
-//! **Migrating** (the coordinator thread, [`Tree::migrate`]): lock the previous sibling `L`,
-//! the node `O`, the parent `P` (left to right, then upwards: no other thread ever holds two
-//! node locks, so this cannot deadlock); abort unless `L`'s functional sibling is `O` and `P`
-//! references `O` (a structural modification touched them since the node was queued); copy `O`
-//! to a new node `O'` on the target node (durable); arm the PM log `{old, new, parent, prev}`;
-//! point `P`'s reference and `L`'s sibling (shadow pointer + `sib_ver` flip) to `O'`; mark `O`
-//! obsolete; disarm the log; unlock; retire `O` under the epoch. Readers are never blocked:
-//! one inside `O` fails validation (the unlock moves its version), sees the obsolete flag and
-//! restarts from the upper layer.
+//! **Migrating** (the coordinator thread, [`Tree::migrate`]; one at a time): *freeze* the node
+//! `O` (under its lock for a moment: set the volatile FROZEN flag; writers then wait, merges
+//! give up, readers go on reading `O`, which cannot change); copy it to a new node `O'` on the
+//! target node (durable, frozen too) with no lock held; freeze the previous sibling `L` and the
+//! parent `P` the same way after checking that `L`'s functional sibling is `O` and `P`
+//! references `O` (else abort: unfreeze, free `O'`); arm the PM log `{old, new, parent, prev}`;
+//! point `P`'s reference (one 8-byte store) and `L`'s sibling (shadow pointer + a CAS flip of
+//! `sib_ver`) to `O'`; mark `O` obsolete, unfreeze `O'`; disarm the log; unfreeze `L`, `P`;
+//! retire `O` under the epoch. No reader ever waits: one inside `O` reads records equal to
+//! `O'`'s (no write enters `O'` until no new reader can reach `O`), one inside `L` fails
+//! validation at the flip and retries.
 //!
 //! **Crash consistency.** The two reference updates cannot be made atomic together, hence the
 //! log: `O'` is complete and durable before the log is armed, so recovery *redoes* an armed log
@@ -53,8 +58,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::bottom::{find, init_node, Step};
 use crate::layout::{
-    self, meta_word, sl_count, sl_pos, st_sib_ver, st_with, MigLog, Node, FLAG_OBSOLETE,
-    MIGLOG_ACTIVE, NODE_SIZE,
+    self, meta_word, sl_count, sl_pos, st_locked, st_sib_ver, st_with, MigLog, Node, FLAG_FROZEN,
+    FLAG_OBSOLETE, MIGLOG_ACTIVE, NODE_SIZE, VERSION_ONE,
 };
 use crate::lock::WriteGuard;
 use crate::Tree;
@@ -107,12 +112,16 @@ impl MigrationOptions {
     }
 }
 
-/// One queued migration.
+/// One queued migration: which node, by name, not by pointer. The node may be split, merged,
+/// migrated and its block freed and reused before the coordinator gets to it, so the queue holds
+/// no pointer to dereference later; the coordinator finds the node again by a descent to
+/// `(low, level)` under its own pin and migrates it only if that node still carries `id` (ids
+/// are unique per store: a copy, a split half and a merge target each get a fresh one).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Candidate {
-    node: PPtr,
+    low: u64,
+    level: u32,
     id: u64,
-    parent: PPtr,
     target: usize,
 }
 
@@ -128,6 +137,13 @@ struct MigCounters {
     queued: AtomicU64,
     migrated: AtomicU64,
     aborted: AtomicU64,
+    /// Nanoseconds completed migrations held their node locks (from the first lock that
+    /// blocks other threads to the last unlock), all of them together, and the longest.
+    hold_ns: AtomicU64,
+    hold_max_ns: AtomicU64,
+    /// The same for subindex-root migrations alone (they also hold the upper-layer mutex).
+    root_migrated: AtomicU64,
+    root_hold_ns: AtomicU64,
 }
 
 thread_local! {
@@ -250,6 +266,10 @@ impl Migrator {
             ("migrations_queued", g(&c.queued)),
             ("migrations", g(&c.migrated)),
             ("migrations_aborted", g(&c.aborted)),
+            ("migration_hold_ns", g(&c.hold_ns)),
+            ("migration_hold_max_ns", g(&c.hold_max_ns)),
+            ("root_migrations", g(&c.root_migrated)),
+            ("root_migration_hold_ns", g(&c.root_hold_ns)),
         ]
     }
 
@@ -280,24 +300,22 @@ impl Migrator {
                 s.lock().clear();
             }
         }
-        self.record_one(n, ptr, path.get(1).copied().unwrap_or(PPtr::NULL));
+        self.record_one(n, ptr);
         if self.opts.inner {
             // The inner nodes of this descent (`path[l]` = the node visited at level l; the
             // caller is pinned, so they are readable even if retired meanwhile).
-            for l in 1..path.len() {
-                let p = path[l];
+            for &p in path.iter().skip(1) {
                 if p.is_null() {
                     continue;
                 }
                 if let Ok(inner) = Node::resolve(pool, p) {
-                    let parent = path.get(l + 1).copied().unwrap_or(PPtr::NULL);
-                    self.record_one(&inner, p, parent);
+                    self.record_one(&inner, p);
                 }
             }
         }
     }
 
-    fn record_one(&self, n: &Node<'_>, ptr: PPtr, parent: PPtr) {
+    fn record_one(&self, n: &Node<'_>, ptr: PPtr) {
         let id = n.hdr.id.load(Ordering::Relaxed);
         let here = numakv_pmem::numa::current_node() % self.nodes;
         let remote = ptr.node() != here;
@@ -310,7 +328,10 @@ impl Migrator {
                 e.0 += 1;
             }
             let total = e.0 + e.1;
-            let hot = total >= self.opts.hot_threshold
+            // The first node of a level (low 0) has no previous sibling: never migratable, so
+            // never queued (it was queued and aborted over and over).
+            let hot = n.low() != 0
+                && total >= self.opts.hot_threshold
                 && f64::from(e.1) > self.opts.remote_share * f64::from(total);
             if hot {
                 shard.remove(&id);
@@ -320,10 +341,89 @@ impl Migrator {
         if hot {
             let mut q = self.queue.lock();
             if q.len() < self.opts.queue_capacity {
-                q.push_back(Candidate { node: ptr, id, parent, target: here });
+                q.push_back(Candidate { low: n.low(), level: n.level(), id, target: here });
                 self.counters.queued.fetch_add(1, Ordering::Relaxed);
                 self.wake.notify_one();
             }
+        }
+    }
+}
+
+/// Flips `sib_ver` of the frozen node `l` without holding its lock: a CAS from an even
+/// (unlocked) state to the flipped state two versions on, so readers that snapshotted the old
+/// state fail validation and retry — none waits. A writer may hold the lock for an instant (it
+/// took it, found the node frozen and lets go): the CAS then fails and is retried.
+fn flip_frozen(l: &Node<'_>) {
+    loop {
+        let s = l.hdr.state.load(Ordering::Acquire);
+        if st_locked(s) {
+            std::hint::spin_loop();
+            continue;
+        }
+        let flipped = st_with(s, s & 0xff, st_sib_ver(s) + 1).wrapping_add(2 * VERSION_ONE);
+        // ORDERING: AcqRel; the Release publishes the shadow pointer stored before (readers
+        // load the state with Acquire), the Acquire orders this after the last unlock.
+        if l.hdr.state.compare_exchange(s, flipped, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return;
+        }
+    }
+}
+
+/// A node a migration froze: unfrozen on drop unless the migration committed (made it obsolete).
+struct Frozen<'a> {
+    node: Node<'a>,
+    level: u32,
+    done: bool,
+}
+
+impl Frozen<'_> {
+    fn commit(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // ORDERING: Release; the migration's reads of the node are done. Writers waiting
+            // for the freeze take the node's lock next (Acquire) and see it cleared.
+            self.node.hdr.meta.store(meta_word(self.level, 0), Ordering::Release);
+        }
+    }
+}
+
+/// A migration's copy, freed on drop unless linked.
+struct Unlinked<'a> {
+    tree: &'a Tree,
+    p: PPtr,
+    done: bool,
+}
+
+impl Unlinked<'_> {
+    fn commit(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Unlinked<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // SAFETY: allocated by this migration and never linked (no reference names it;
+            // the log was not armed for it, or the migration committed and `done` is set).
+            let _ = unsafe { self.tree.nsm.free(self.p) };
+        }
+    }
+}
+
+impl Migrator {
+    /// Records how long a completed migration held its locks.
+    fn held(&self, ns: u64, root: bool) {
+        let c = &self.counters;
+        c.hold_ns.fetch_add(ns, Ordering::Relaxed);
+        c.hold_max_ns.fetch_max(ns, Ordering::Relaxed);
+        if root {
+            c.root_migrated.fetch_add(1, Ordering::Relaxed);
+            c.root_hold_ns.fetch_add(ns, Ordering::Relaxed);
         }
     }
 }
@@ -359,12 +459,11 @@ fn coordinator(tree: Weak<Tree>) {
             c
         };
         if let Some(c) = next {
-            if c.node.node() != c.target {
-                match t.migrate(c.node, c.id, c.parent, c.target) {
-                    Ok(true) => m.counters.migrated.fetch_add(1, Ordering::Relaxed),
-                    _ => m.counters.aborted.fetch_add(1, Ordering::Relaxed),
-                };
-            }
+            match t.migrate_queued(c) {
+                Ok(Some(true)) => m.counters.migrated.fetch_add(1, Ordering::Relaxed),
+                Ok(None) => 0, // already on the target node
+                _ => m.counters.aborted.fetch_add(1, Ordering::Relaxed),
+            };
             // The migration's PM lines go into the thread's published totals before `busy`
             // clears, so a benchmark that waited for the queue finds them (docs/design.md §11).
             numakv_pmem::account::op_split();
@@ -451,19 +550,24 @@ impl Tree {
 
     /// Migrates node `node` (id `id`; a leaf or, see the module docs, an inner node or a
     /// subindex root) to NUMA node `target` (§III-D); `Ok(false)` when it aborted (the node
-    /// changed, split, moved or is not migratable). Called by the coordinator thread (one
-    /// migration at a time) and by tests.
+    /// changed, split, moved or is not migratable). Called by the coordinator thread and by
+    /// the public `migrate_*_of`; one migration runs at a time (`Tree::migrate_lock`).
+    ///
+    /// `node` must have been found under `guard` (by a descent), so its block cannot have
+    /// been freed and reused meanwhile: every pointer this dereferences is safe by
+    /// construction.
     pub(crate) fn migrate(
         &self,
         node: PPtr,
         id: u64,
-        _parent_hint: PPtr,
         target: usize,
+        guard: &epoch::Guard,
     ) -> Result<bool> {
         if target >= self.pool.nodes() {
             return Ok(false);
         }
-        let guard = epoch::pin();
+        // One migration at a time: the log block is shared (see `Tree::migrate_lock`).
+        let _one = self.migrate_lock.lock();
         let o = self.node(node)?;
         let low = o.low();
         let level = o.level();
@@ -471,25 +575,54 @@ impl Tree {
             return Ok(false);
         }
         let is_root = level == self.top();
-        // Previous sibling: the node of this level covering low - 1.
-        let mut path = Vec::new();
-        let (lp, _) = self.descend(low - 1, level, &mut path, &guard)?;
-        let lg = WriteGuard::lock(self.node(lp)?);
-        if lg.node().is_obsolete()
-            || lg.node().level() != level
-            || lg.node().sibling(lg.state()) != node
+        // Without a parent level (the young first subindex; a root growth that has not run
+        // yet or ran out of space) the parent descent below would end on this level's chain —
+        // on `L` or `O`, held by this thread — and wait for its own lock. Checked before any
+        // lock is taken; the head only grows, so the answer cannot turn false meanwhile.
+        if !is_root && !self.has_parent_level(level)? {
+            return Ok(false);
+        }
+        // 1. Freeze `O` (under its lock, for a moment): writers wait from now on, readers do
+        //    not — they go on reading `O`, which cannot change until it is obsolete.
+        let (recs, sib, leftmost) = {
+            let og = WriteGuard::lock(o);
+            if o.is_obsolete() || o.hdr.id.load(Ordering::Relaxed) != id || o.low() != low {
+                return Ok(false);
+            }
+            o.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
+            (o.records(o.slots()), o.sibling(og.state()), o.leftmost())
+        };
+        let frozen_o = Frozen { node: o, level, done: false };
+        // 2. The copy on the target node, complete and durable, before anything else.
+        let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
+        let unlinked = Unlinked { tree: self, p: np, done: false };
+        init_node(&self.pool, np, level, leftmost, low, sib, self.new_id(), &recs)?;
+        // The copy is frozen too until both references name it: a write into it while `L`
+        // still leads to `O` would be missed by readers (scans) walking from `L` into `O`.
+        let copy = self.node(np)?;
+        // ORDERING: Release; ordered before the Release stores that publish the copy.
+        copy.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
+        // 3. Freeze the previous sibling `L` (the node of this level covering low - 1) and
+        //    the parent `P` the same way, after checking that they still reference `O`: a
+        //    frozen node's references cannot change (writers wait, merges give up), so the
+        //    checks hold until the switches below, which no reader waits for.
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
+        let (lp, _) = self.descend(low - 1, level, &mut path, guard)?;
+        let l = self.node(lp)?;
         {
-            return Ok(false);
+            let lg = WriteGuard::lock(l);
+            if l.is_obsolete() || l.level() != level || l.sibling(lg.state()) != node {
+                return Ok(false);
+            }
+            l.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
         }
-        let og = WriteGuard::lock(o);
-        if o.is_obsolete() || o.hdr.id.load(Ordering::Relaxed) != id || o.low() != low {
-            return Ok(false);
-        }
+        let frozen_l = Frozen { node: l, level, done: false };
+        let held_since = std::time::Instant::now();
         // Parent: the node one level up covering `low`, which must reference `node` (for a
         // subindex root: the upper layer, checked under its mutex below).
         let mut parent = None;
         if !is_root {
-            let (mut pp, _) = self.descend(low, level + 1, &mut path, &guard)?;
+            let (mut pp, _) = self.descend(low, level + 1, &mut path, guard)?;
             let pg = loop {
                 let g = WriteGuard::lock(self.node(pp)?);
                 match self.must_leave(&g.node(), g.state(), low)? {
@@ -500,7 +633,7 @@ impl Tree {
             };
             let p = pg.node();
             if p.level() != level + 1 {
-                return Ok(false); // no parent level yet: the young first subindex
+                return Ok(false); // cannot happen: the parent level existed before the locks
             }
             let pw = p.slots();
             let slot = if p.leftmost() == node {
@@ -511,36 +644,27 @@ impl Tree {
                     _ => return Ok(false), // an orphan, or the parent changed: abort
                 }
             };
-            parent = Some((pp, pg, slot));
+            p.hdr.meta.store(meta_word(level + 1, FLAG_FROZEN), Ordering::Release);
+            drop(pg);
+            parent = Some((pp, Frozen { node: p, level: level + 1, done: false }, slot));
         }
         // For a root: the upper layer must name it (replicas or temporary list). The mutex is
-        // held until the reference is switched (no rebuild or upper insert in between); it is
-        // taken after the node locks, and no holder of it ever waits for a node lock.
+        // held until the reference is switched (no rebuild or upper insert in between); no
+        // holder of it ever waits for a node. The replicas are searched for the root's own
+        // entry, not listed.
         let mut upper_guard = None;
         if is_root {
             let temp = self.upper_lock.lock();
             // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
-            let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
-            let in_upper =
-                up.is_some_and(|u| u.entries(&self.pool, 0).binary_search(&(low, node)).is_ok());
+            let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
+            let in_upper = up.is_some_and(|u| u.names(&self.pool, low, node));
             let in_temp = temp.iter().any(|&(k, p)| k == low && p == node);
             if !in_upper && !in_temp {
                 return Ok(false); // its upper insert has not run yet
             }
             upper_guard = Some(temp);
         }
-        // Copy to the target node.
-        let s = og.state();
-        let recs = o.records(o.slots());
-        let sib = o.sibling(s);
-        let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
-        if let Err(e) =
-            init_node(&self.pool, np, level, o.leftmost(), low, sib, self.new_id(), &recs)
-        {
-            // SAFETY: allocated just above, never linked.
-            let _ = unsafe { self.nsm.free(np) };
-            return Err(e);
-        }
+        numakv_pmem::pause_point!("nobtree.migrate.frozen");
         // Arm the log.
         let log = self.miglog()?;
         log.old.store(node.raw(), Ordering::Relaxed);
@@ -552,16 +676,20 @@ impl Tree {
         log.state.store(MIGLOG_ACTIVE, Ordering::Release);
         // PERSIST: armed — from here recovery redoes the migration.
         self.pool.persist_obj(&log.state);
-        // Parent reference.
+        // Parent reference: one 8-byte store in a frozen node. A reader of `P` sees `O` or
+        // `O'`; both hold the same records (`O` is frozen) and `O` stays readable until the
+        // epoch grace period after its retirement.
         match &parent {
-            Some((_, pg, None)) => {
-                let p = pg.node();
+            Some((_, f, None)) => {
+                let p = f.node;
+                // ORDERING: Release; a reader that loads `O'` from here sees its contents.
                 p.hdr.leftmost.store(np.raw(), Ordering::Release);
                 // PERSIST: the parent's leftmost names the copy.
                 self.pool.persist(p.hdr_addr(), 64);
             }
-            Some((_, pg, Some(q))) => {
-                let p = pg.node();
+            Some((_, f, Some(q))) => {
+                let p = f.node;
+                // ORDERING: Release, as above.
                 p.recs[*q].val.store(np.raw(), Ordering::Release);
                 // PERSIST: the parent's child pointer names the copy.
                 self.pool.persist(p.rec_addr(*q), 16);
@@ -569,7 +697,7 @@ impl Tree {
             None => {
                 let temp = upper_guard.as_mut().expect("root migration holds the upper mutex");
                 // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
-                if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() } {
+                if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() } {
                     up.replace(&self.pool, low, node, np);
                 }
                 for e in temp.iter_mut().filter(|e| e.1 == node) {
@@ -578,55 +706,75 @@ impl Tree {
             }
         }
         drop(upper_guard);
-        // Previous sibling: shadow pointer, then flip.
-        let l = lg.node();
-        let ls = lg.state();
-        let v = st_sib_ver(ls);
+        numakv_pmem::pause_point!("nobtree.migrate.parent_switched");
+        // Previous sibling: the shadow pointer (not read by anyone: it is the non-functional
+        // one, and `L` is frozen, so `sib_ver` cannot move), then the flip.
+        let v = st_sib_ver(l.state());
+        // ORDERING: Release; a reader that sees the flipped `sib_ver` sees the pointer.
         l.hdr.sib[((v + 1) & 1) as usize].store(np.raw(), Ordering::Release);
         // PERSIST: the shadow pointer is durable before the flip.
         self.pool.persist(l.hdr_addr(), 64);
-        lg.set_state(st_with(ls, ls & 0xff, v + 1));
+        flip_frozen(&l);
         // PERSIST: the flip: the sibling chain runs through the copy.
         self.pool.persist(l.hdr_addr(), 64);
-        // Obsolete (volatile meaning only: the node is unreachable in PM already).
+        // Obsolete (volatile meaning only: the node is unreachable in PM already); this also
+        // ends its freeze: writers waiting for `O` find it obsolete and restart.
         o.hdr.meta.store(meta_word(level, FLAG_OBSOLETE), Ordering::Release);
+        frozen_o.commit();
+        // Only now may writers enter the copy: no reader can reach `O` any more without having
+        // started before this point.
+        copy.hdr.meta.store(meta_word(level, 0), Ordering::Release);
+        unlinked.commit();
         log.state.store(0, Ordering::Release);
-        // PERSIST: disarmed after both references are durable.
+        // PERSIST: disarmed after both references are durable (and before `P` and `L` thaw:
+        // the log never names a node that may have been merged away and reused).
         self.pool.persist_obj(&log.state);
         drop(parent);
-        drop(og);
-        drop(lg);
+        drop(frozen_l);
+        if let Some(m) = &self.migrator {
+            m.held(held_since.elapsed().as_nanos() as u64, is_root);
+        }
         // SAFETY: `node` is unlinked (parent — or the upper layer — and previous sibling name
         // the copy, and it is marked obsolete for anyone holding it); it is retired once,
         // after the grace period.
-        unsafe { self.retire_block(&guard, node) };
+        unsafe { self.retire_block(guard, node) };
         // Hand the deferred free to the global queue now: the coordinator may sleep for long.
         guard.flush();
         Ok(true)
     }
 
+    /// A queued candidate: the node of `c.level` covering `c.low`, found again under a fresh
+    /// pin, migrated if it is still the queued node (same id). `Ok(None)`: it is already on the
+    /// target node.
+    fn migrate_queued(&self, c: Candidate) -> Result<Option<bool>> {
+        let guard = epoch::pin();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
+        let (p, _) = self.descend(c.low, c.level, &mut path, &guard)?;
+        let n = self.node(p)?;
+        if n.level() != c.level || n.low() != c.low || n.hdr.id.load(Ordering::Relaxed) != c.id {
+            return Ok(Some(false)); // split, merged or migrated since it was queued
+        }
+        if p.node() == c.target {
+            return Ok(None);
+        }
+        self.migrate(p, c.id, c.target, &guard).map(Some)
+    }
+
     /// Migrates the node of `level` covering `key` to `target` (tests, repros).
     pub(crate) fn migrate_level_key(&self, key: u64, level: u32, target: usize) -> Result<bool> {
         let guard = epoch::pin();
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (p, _) = self.descend(key, level, &mut path, &guard)?;
         let n = self.node(p)?;
         if n.level() != level {
             return Ok(false);
         }
         let id = n.hdr.id.load(Ordering::Relaxed);
-        drop(guard);
-        self.migrate(p, id, PPtr::NULL, target)
+        self.migrate(p, id, target, &guard)
     }
 
     /// Migrates the leaf holding `key` to `target` (tests, repros).
     pub(crate) fn migrate_key(&self, key: u64, target: usize) -> Result<bool> {
-        let guard = epoch::pin();
-        let mut path = Vec::new();
-        let (leaf, _) = self.descend(key, 0, &mut path, &guard)?;
-        let n = self.node(leaf)?;
-        let id = n.hdr.id.load(Ordering::Relaxed);
-        drop(guard);
-        self.migrate(leaf, id, PPtr::NULL, target)
+        self.migrate_level_key(key, 0, target)
     }
 }

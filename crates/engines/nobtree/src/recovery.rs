@@ -31,7 +31,7 @@ use numakv_pmem::{PPtr, Pool};
 
 use crate::layout::{
     self, decode_format, meta_word, sl_build, sl_count, sl_pos, st_locked, st_sib_ver, st_with,
-    Node, END, ENGINE, FLAG_OBSOLETE, RECORDS, VERSION_ONE,
+    Node, END, ENGINE, FLAG_FROZEN, FLAG_OBSOLETE, RECORDS, VERSION_ONE,
 };
 use crate::upper::Upper;
 use crate::{NobtreeOptions, Tree};
@@ -205,8 +205,9 @@ fn repair(pool: &Pool, n: &Node<'_>) -> Result<(bool, bool)> {
         n.hdr.state.store(s2, Ordering::Release);
         changed = true;
     }
-    if n.is_obsolete() {
-        n.hdr.meta.store(meta_word(n.level(), n.meta() >> 8 & !FLAG_OBSOLETE), Ordering::Release);
+    if n.is_obsolete() || n.is_frozen() {
+        let flags = n.meta() >> 8 & !(FLAG_OBSOLETE | FLAG_FROZEN);
+        n.hdr.meta.store(meta_word(n.level(), flags), Ordering::Release);
         changed = true;
     }
     if changed {
@@ -257,7 +258,7 @@ impl Tree {
                     if low == 0 {
                         return Err(Error::corrupted(ENGINE, "children: leftmost node orphaned"));
                     }
-                    let mut path = Vec::new();
+                    let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
                     self.link(level, low, p, &mut path, &guard)?;
                     linked += 1;
                 }

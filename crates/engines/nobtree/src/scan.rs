@@ -22,7 +22,7 @@ impl Tree {
         out: &mut Vec<(u64, u64)>,
         guard: &Guard,
     ) -> Result<usize> {
-        let mut path = Vec::new();
+        let mut path = [numakv_pmem::PPtr::NULL; crate::bottom::MAX_PATH];
         let mut cursor = start;
         let mut got = 0usize;
         let mut cur = self.descend(cursor, 0, &mut path, guard)?.0;

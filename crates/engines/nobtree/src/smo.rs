@@ -148,7 +148,7 @@ impl Tree {
                 if self.node(self.head()?)?.level() <= level {
                     self.grow_root(level)?;
                 }
-                let mut p2 = Vec::new();
+                let mut p2 = [PPtr::NULL; crate::bottom::MAX_PATH];
                 cand = self.descend(sep, level + 1, &mut p2, guard)?.0;
             }
             let g = loop {
@@ -156,7 +156,7 @@ impl Tree {
                 match self.must_leave(&g.node(), g.state(), sep)? {
                     Some(Step::Restart) => {
                         drop(g);
-                        let mut p2 = Vec::new();
+                        let mut p2 = [PPtr::NULL; crate::bottom::MAX_PATH];
                         cand = self.descend(sep, level + 1, &mut p2, guard)?.0;
                     }
                     Some(Step::Right(s)) => cand = s,
@@ -181,6 +181,15 @@ impl Tree {
         }
     }
 
+    /// Whether the nodes of `level` have a parent level: the head (the first node of the
+    /// highest level that exists) is above it. Monotone: the head only ever grows, so once
+    /// true it stays true. False transiently between a split at the head's level and its
+    /// `grow_root`, and for as long as a `grow_root` that ran out of space is not retried
+    /// (the next split at that level retries it).
+    pub(crate) fn has_parent_level(&self, level: u32) -> Result<bool> {
+        Ok(self.node(self.head()?)?.level() > level)
+    }
+
     /// Algorithm 3 lines 26–29: the first subindex is below the height threshold and its top
     /// level (the head's) has more than one node: a new root above them becomes the head.
     pub(crate) fn grow_root(&self, level: u32) -> Result<()> {
@@ -188,6 +197,11 @@ impl Tree {
         let head = self.head()?;
         if self.node(head)?.level() > level {
             return Ok(());
+        }
+        if numakv_pmem::fail_point!("nobtree.grow_root") {
+            // As if the new root's allocation found the pool full.
+            let requested = NODE_SIZE as u64;
+            return Err(numakv_pmem::PoolError::OutOfSpace { node: 0, requested }.into());
         }
         let mut chain = Vec::new();
         let mut p = head;
@@ -337,10 +351,22 @@ impl Tree {
     /// 4. mark `R` obsolete, unlock, retire `R` under the epoch (a writer that still holds `R`
     ///    in its path sees the flag and restarts from the upper layer).
     fn merge_once(&self, node: PPtr, guard: &Guard) -> Result<Option<(PPtr, usize)>> {
-        let ng = WriteGuard::lock(self.node(node)?);
+        // A node's level never changes: check it, and that the level has a parent level,
+        // before taking any lock. Without a parent level (the young first subindex, a root
+        // growth not yet run or failed for lack of space) the descent to `level + 1` below
+        // would end on this very level's chain — on `N` or `R`, held by this thread — and spin
+        // forever on its own lock.
+        let level = self.node(node)?.level();
+        if level >= self.top() || !self.has_parent_level(level)? {
+            return Ok(None);
+        }
+        // Both nodes of this level give up rather than wait for a migration that froze one:
+        // it may be about to lock the left one (its previous sibling).
+        let Some(ng) = WriteGuard::lock_unless_frozen(self.node(node)?) else {
+            return Ok(None);
+        };
         let n = ng.node();
-        let level = n.level();
-        if n.is_obsolete() || level >= self.top() {
+        if n.is_obsolete() {
             return Ok(None);
         }
         let ns = ng.state();
@@ -348,7 +374,9 @@ impl Tree {
         if rp.is_null() {
             return Ok(None);
         }
-        let rg = WriteGuard::lock(self.node(rp)?);
+        let Some(rg) = WriteGuard::lock_unless_frozen(self.node(rp)?) else {
+            return Ok(None);
+        };
         let r = rg.node();
         if r.is_obsolete() || r.level() != level {
             return Ok(None);
@@ -366,7 +394,7 @@ impl Tree {
         if sl_count(nw) + rrecs.len() > MERGE_MAX {
             return Ok(None);
         }
-        let mut path = Vec::new();
+        let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (mut pp, _) = self.descend(rlow, level + 1, &mut path, guard)?;
         let pg = loop {
             let g = WriteGuard::lock(self.node(pp)?);
@@ -378,7 +406,7 @@ impl Tree {
         };
         let p = pg.node();
         if p.level() != level + 1 {
-            return Ok(None); // no parent level yet (the young first subindex)
+            return Ok(None); // cannot happen: the parent level existed before the locks
         }
         let pw = p.slots();
         let Some(q) = find(&p, pw, rlow).filter(|&q| p.val(q) == rp.raw()) else {

@@ -277,6 +277,19 @@ impl Upper {
         true
     }
 
+    /// Whether the replicas hold the entry `(key, root)` (caller holds the upper mutex, so
+    /// no writer changes them): one leaf of replica 0 is searched, not the whole layer.
+    pub fn names(&self, pool: &Pool, key: u64, root: PPtr) -> bool {
+        let base = self.replicas[0];
+        let leaf_idx = self.leaf_for(pool, base, key);
+        let leaf = self.node(pool, base, *self.level_first.last().unwrap_or(&0) + leaf_idx);
+        let count = (leaf.w[LEAF_COUNT].load(Ordering::Relaxed) as usize).min(UP_LEAF_SLOTS);
+        (0..count).any(|i| {
+            leaf.w[leaf_key(i)].load(Ordering::Relaxed) == key
+                && leaf.w[leaf_key(i) + 1].load(Ordering::Relaxed) == root.raw()
+        })
+    }
+
     /// Every entry of the replica of `node`, in key order (caller holds the upper mutex).
     pub fn entries(&self, pool: &Pool, node: usize) -> Vec<(u64, PPtr)> {
         let base = self.replicas[node % self.replicas.len()];

@@ -2,14 +2,16 @@
 //! scans while leaves split and merge, subindex roots split into the upper replicas, the upper
 //! layer rebuilds on its thread (low threshold) and the coordinator migrates hot nodes (low hot
 //! threshold); at height 3 also inner merges and inner-node and root migrations.
-//! Every value read names its key, scans ascend strictly, and the final tree checks and agrees
-//! with point reads.
+//! Exact oracle ([`common::Owner`]): each thread owns the keys `≡ th (mod 4)`, interleaved with
+//! the others' (so they share every leaf), writes versioned values and checks every result
+//! against its own model — a lost insert, update or delete during a split, merge or migration
+//! fails the next read of that key; the final tree equals the union of the models.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::{check_values_name_keys, scaled, vk, volatile, Rng};
+use common::{check_owners, scaled, volatile, Owner, Rng};
 use numakv_index::Index;
 use numakv_nobtree::{MigrationOptions, NobtreeOptions};
 
@@ -35,68 +37,56 @@ fn stress(height: u32, want: &[&str]) {
     };
     let t = Arc::new(volatile(&opts));
     const SPACE: u64 = 30_000;
-    std::thread::scope(|s| {
-        for th in 0..4u64 {
-            let t = Arc::clone(&t);
-            s.spawn(move || {
-                numakv_pmem::numa::set_current_node((th % 2) as usize);
-                let mut rng = Rng(0xfeed + th);
-                let mut out = Vec::new();
-                for i in 0..scaled(50_000) as u64 {
-                    // Half the time a thread-local hot range (migration candidates).
-                    let k = if i % 2 == 0 {
-                        1 + th * 500 + rng.below(200)
-                    } else {
-                        1 + rng.below(SPACE)
-                    };
-                    match rng.below(12) {
-                        0..=2 => {
-                            t.insert(k, vk(k)).unwrap();
-                        }
-                        3 => t.upsert(k, vk(k)).unwrap(),
-                        4..=5 => {
-                            t.remove(k).unwrap();
-                        }
-                        6 => {
-                            out.clear();
-                            t.scan(k, 30, &mut out).unwrap();
-                            for w in out.windows(2) {
-                                assert!(w[0].0 < w[1].0, "scan order {w:?}");
-                            }
-                            for &(kk, v) in &out {
-                                assert!(kk >= k);
-                                assert_eq!(v, vk(kk), "scan value of {kk}");
-                            }
-                        }
-                        _ => {
-                            if let Some(v) = t.get(k).unwrap() {
-                                assert_eq!(v, vk(k), "get {k}");
-                            }
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if height > 2 {
-        // Thin everything out concurrently: leaf merges cascade into inner merges.
-        std::thread::scope(|s| {
-            for th in 0..4u64 {
+    let owners: Vec<Owner> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|th| {
                 let t = Arc::clone(&t);
                 s.spawn(move || {
                     numakv_pmem::numa::set_current_node((th % 2) as usize);
-                    for k in (1..=SPACE).filter(|k| k % 4 == th && k % 17 != 0) {
-                        t.remove(k).unwrap();
+                    let mut o = Owner::new(th, 4);
+                    let mut rng = Rng(0xfeed + th);
+                    let mut out = Vec::new();
+                    for i in 0..scaled(50_000) as u64 {
+                        // Half the time a per-thread hot range (migration candidates).
+                        let k = if i % 2 == 0 {
+                            1 + th * 2000 + rng.below(800)
+                        } else {
+                            1 + rng.below(SPACE)
+                        };
+                        o.random_op(&*t, &mut rng, k, &mut out);
                     }
-                });
-            }
-        });
-    }
+                    o
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let owners: Vec<Owner> = if height > 2 {
+        // Thin everything out concurrently: leaf merges cascade into inner merges.
+        std::thread::scope(|s| {
+            let hs: Vec<_> = owners
+                .into_iter()
+                .map(|mut o| {
+                    let t = Arc::clone(&t);
+                    s.spawn(move || {
+                        numakv_pmem::numa::set_current_node((o.th % 2) as usize);
+                        let keys: Vec<u64> =
+                            o.model.keys().copied().filter(|k| k % 17 != 0).collect();
+                        for k in keys {
+                            o.remove(&*t, k);
+                        }
+                        o
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    } else {
+        owners
+    };
     t.drain_migrations();
     t.drain_rebuilds();
-    for (k, v) in check_values_name_keys(&t) {
-        assert_eq!(t.get(k).unwrap(), Some(v));
-    }
+    check_owners(&t, &owners);
     let st = t.stats();
     eprintln!("{:?}", st.counters);
     for &c in want {

@@ -1,13 +1,14 @@
 //! Node migration (§III-D): explicit migrations move leaves and keep every key; the
 //! coordinator finds hot, mostly-remote leaves from sampled statistics and moves them to the
-//! accessing node; migrations race safely with readers and writers.
+//! accessing node; migrations race safely with readers and writers (checked by an exact
+//! per-thread oracle, [`common::Owner`]: a write lost to a migration fails the next read).
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{check_values_name_keys, quiet, vk, volatile, Rng};
+use common::{check_owners, quiet, vk, volatile, Owner, Rng};
 use numakv_index::Index;
 use numakv_nobtree::{MigrationOptions, Nobtree, NobtreeOptions};
 use numakv_pmem::alloc::nsm::NsmMode;
@@ -54,9 +55,7 @@ fn explicit_migration_moves_leaves() {
 fn migrations_race_with_operations() {
     let t = volatile(&quiet());
     const SPACE: u64 = 8000;
-    for k in 1..=SPACE {
-        t.insert(k, vk(k)).unwrap();
-    }
+    let owners = preload(&t, SPACE);
     let mut rng = Rng(99);
     let mut n = 0u64;
     let migrate = || {
@@ -65,41 +64,16 @@ fn migrations_race_with_operations() {
             n += 1;
         }
     };
-    race(migrate, |th| {
-        let mut rng = Rng(0xabc + th);
+    let owners = race(migrate, owners, |o| {
+        let mut rng = Rng(0xabc + o.th);
         let mut out = Vec::new();
         for _ in 0..common::scaled(60_000) {
             let k = 1 + rng.below(SPACE);
-            match rng.below(10) {
-                0 | 1 => {
-                    t.upsert(k, vk(k)).unwrap();
-                }
-                2 => {
-                    t.remove(k).unwrap();
-                }
-                3 => {
-                    t.insert(k, vk(k)).unwrap();
-                }
-                4 => {
-                    out.clear();
-                    t.scan(k, 20, &mut out).unwrap();
-                    for w in out.windows(2) {
-                        assert!(w[0].0 < w[1].0);
-                    }
-                    for &(kk, v) in &out {
-                        assert_eq!(v, vk(kk));
-                    }
-                }
-                _ => {
-                    if let Some(v) = t.get(k).unwrap() {
-                        assert_eq!(v, vk(k));
-                    }
-                }
-            }
+            o.random_op(&t, &mut rng, k, &mut out);
         }
     });
     assert!(n > 0, "no migration succeeded");
-    check_values_name_keys(&t);
+    check_owners(&t, &owners);
 }
 
 #[test]
@@ -170,9 +144,7 @@ fn explicit_migration_moves_inner_nodes_and_roots() {
 fn inner_migrations_race_with_operations() {
     let t = volatile(&NobtreeOptions { height: 3, ..quiet() });
     const SPACE: u64 = 20_000;
-    for k in 1..=SPACE {
-        t.insert(k, vk(k)).unwrap();
-    }
+    let owners = preload(&t, SPACE);
     let mut rng = Rng(7);
     let mut n = [0u64; 3];
     let migrate = || {
@@ -182,25 +154,16 @@ fn inner_migrations_race_with_operations() {
             n[level as usize] += 1;
         }
     };
-    race(migrate, |th| {
-        let mut rng = Rng(0xdef + th);
+    let owners = race(migrate, owners, |o| {
+        let mut rng = Rng(0xdef + o.th);
+        let mut out = Vec::new();
         for _ in 0..common::scaled(40_000) {
             let k = 1 + rng.below(2 * SPACE);
-            match rng.below(10) {
-                0..=2 => t.upsert(k, vk(k)).unwrap(),
-                3 | 4 => {
-                    t.remove(k).unwrap();
-                }
-                _ => {
-                    if let Some(v) = t.get(k).unwrap() {
-                        assert_eq!(v, vk(k));
-                    }
-                }
-            }
+            o.random_op(&t, &mut rng, k, &mut out);
         }
     });
     assert!(n[1] > 0 && n[2] > 0, "no inner or root migration succeeded: {n:?}");
-    check_values_name_keys(&t);
+    check_owners(&t, &owners);
 }
 
 #[test]
@@ -220,9 +183,13 @@ fn coordinator_moves_hot_remote_inner_nodes() {
     t.check().unwrap();
 }
 
-/// Runs `migrate` over and over on one thread while 3 workers run `work(th)`, worker `th` on
-/// node `th % 2`; `migrate` stops when the workers are done.
-fn race(mut migrate: impl FnMut() + Send, work: impl Fn(u64) + Sync) {
+/// Runs `migrate` over and over on one thread while 3 workers, one per owner (owner `th` on
+/// node `th % 2`), run `work`; `migrate` stops when the workers are done. Returns the owners.
+fn race(
+    mut migrate: impl FnMut() + Send,
+    owners: Vec<Owner>,
+    work: impl Fn(&mut Owner) + Sync,
+) -> Vec<Owner> {
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let (stop, work) = (&stop, &work);
@@ -231,19 +198,31 @@ fn race(mut migrate: impl FnMut() + Send, work: impl Fn(u64) + Sync) {
                 migrate();
             }
         });
-        let workers: Vec<_> = (0..3u64)
-            .map(|th| {
+        let workers: Vec<_> = owners
+            .into_iter()
+            .map(|mut o| {
                 s.spawn(move || {
-                    set_current_node((th % 2) as usize);
-                    work(th);
+                    set_current_node((o.th % 2) as usize);
+                    work(&mut o);
+                    o
                 })
             })
             .collect();
-        for w in workers {
-            w.join().unwrap();
-        }
+        let owners: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        // Stop the migrating thread before a worker's panic ends the scope (which would wait
+        // for it forever).
         stop.store(true, Ordering::Relaxed);
-    });
+        owners.into_iter().map(|o| o.unwrap()).collect()
+    })
+}
+
+/// Three owners (see [`Owner`]) with every key of `1..=space` inserted by its owner.
+fn preload(t: &Nobtree, space: u64) -> Vec<Owner> {
+    let mut owners: Vec<Owner> = (0..3).map(|th| Owner::new(th, 3)).collect();
+    for k in 1..=space {
+        owners[(k % 3) as usize].insert(t, k);
+    }
+    owners
 }
 
 /// A store of `height` levels with the migration coordinator on (hot threshold 4), keys

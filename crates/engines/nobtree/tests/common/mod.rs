@@ -87,3 +87,124 @@ pub fn check_values_name_keys(t: &Nobtree) -> Vec<(u64, u64)> {
     }
     out
 }
+
+/// An exact oracle for one thread of a concurrent test: the thread owns the keys `k` with
+/// `k % threads == th` (interleaved with the other threads' keys, so all threads share leaves
+/// and every split, merge and migration moves keys of several owners) and keeps a model of
+/// them. Every value is versioned — `(version << 32) | key`, fresh for each write — so a lost
+/// insert, update or delete, or a stale value, fails the very next read of that key: a get
+/// must return exactly the model's value (`None` for a present key is a failure), insert /
+/// update / remove must report exactly what the model predicts, and a scan must list exactly
+/// the owner's modelled keys in the range it covers. Other owners' keys seen in a scan must
+/// carry values that name them.
+pub struct Owner {
+    pub th: u64,
+    pub threads: u64,
+    pub model: BTreeMap<u64, u64>,
+    version: u64,
+}
+
+/// Whether `v` is a versioned value of key `k` (see [`Owner`]).
+pub fn names(k: u64, v: u64) -> bool {
+    v & 0xffff_ffff == k & 0xffff_ffff && v >> 32 != 0
+}
+
+impl Owner {
+    pub fn new(th: u64, threads: u64) -> Owner {
+        Owner { th, threads, model: BTreeMap::new(), version: 0 }
+    }
+
+    /// The owned key nearest above `k` (keys stay below 2^32).
+    pub fn own(&self, k: u64) -> u64 {
+        let k = k.max(1);
+        k - k % self.threads + self.th + if k % self.threads > self.th { self.threads } else { 0 }
+    }
+
+    fn next(&mut self, k: u64) -> u64 {
+        self.version += 1;
+        (self.version << 32) | k
+    }
+
+    pub fn insert(&mut self, t: &dyn Index, k: u64) {
+        let v = self.next(k);
+        let want = !self.model.contains_key(&k);
+        assert_eq!(t.insert(k, v).unwrap(), want, "insert {k}: model has {:?}", self.model.get(&k));
+        if want {
+            self.model.insert(k, v);
+        }
+    }
+
+    pub fn upsert(&mut self, t: &dyn Index, k: u64) {
+        let v = self.next(k);
+        t.upsert(k, v).unwrap();
+        self.model.insert(k, v);
+    }
+
+    pub fn update(&mut self, t: &dyn Index, k: u64) {
+        let v = self.next(k);
+        let want = self.model.contains_key(&k);
+        assert_eq!(t.update(k, v).unwrap(), want, "update {k}: model has {:?}", self.model.get(&k));
+        if want {
+            self.model.insert(k, v);
+        }
+    }
+
+    pub fn remove(&mut self, t: &dyn Index, k: u64) {
+        let want = self.model.remove(&k);
+        assert_eq!(t.remove(k).unwrap(), want.is_some(), "remove {k}: model had {want:?}");
+    }
+
+    pub fn get(&self, t: &dyn Index, k: u64) {
+        assert_eq!(t.get(k).unwrap(), self.model.get(&k).copied(), "get {k} (thread {})", self.th);
+    }
+
+    pub fn scan(&self, t: &dyn Index, k: u64, max: usize, out: &mut Vec<(u64, u64)>) {
+        out.clear();
+        t.scan(k, max, out).unwrap();
+        for w in out.windows(2) {
+            assert!(w[0].0 < w[1].0, "scan order {w:?}");
+        }
+        for &(kk, v) in out.iter() {
+            assert!(kk >= k && names(kk, v), "scan from {k}: ({kk}, {v:#x})");
+        }
+        // The range the scan covered: to its last key when it filled `max`, else to the end.
+        let end =
+            if out.len() == max { out.last().map_or(u64::MAX - 1, |e| e.0) } else { u64::MAX - 1 };
+        let mine: Vec<(u64, u64)> =
+            out.iter().copied().filter(|&(kk, _)| kk % self.threads == self.th).collect();
+        let want: Vec<(u64, u64)> = self.model.range(k..=end).map(|(&a, &b)| (a, b)).collect();
+        assert_eq!(mine, want, "scan from {k} to {end}: thread {}'s keys", self.th);
+    }
+
+    /// One random operation on an owned key near `k`: insert, upsert, update, remove, scan,
+    /// get (weights 3, 1, 1, 2, 1, 4).
+    pub fn random_op(&mut self, t: &dyn Index, rng: &mut Rng, k: u64, out: &mut Vec<(u64, u64)>) {
+        let k = self.own(k);
+        match rng.below(12) {
+            0..=2 => self.insert(t, k),
+            3 => self.upsert(t, k),
+            4 => self.update(t, k),
+            5 | 6 => self.remove(t, k),
+            7 => self.scan(t, k, 30, out),
+            _ => self.get(t, k),
+        }
+    }
+}
+
+/// The final state equals the union of the owners' models: `check()` passes, a full scan lists
+/// exactly the modelled pairs, and every modelled key reads back its value.
+pub fn check_owners(t: &Nobtree, owners: &[Owner]) {
+    let mut all = BTreeMap::new();
+    for o in owners {
+        all.extend(o.model.iter().map(|(&k, &v)| (k, v)));
+    }
+    let r = t.check().unwrap();
+    let mut out = Vec::new();
+    t.scan(0, usize::MAX, &mut out).unwrap();
+    assert_eq!(r.entries, out.len() as u64);
+    assert_eq!(out.len(), all.len(), "entries in the tree vs the models");
+    assert!(out.iter().copied().eq(all.iter().map(|(&k, &v)| (k, v))), "tree differs from models");
+    for (&k, &v) in all.iter().step_by(7) {
+        assert_eq!(t.get(k).unwrap(), Some(v));
+    }
+}
