@@ -156,7 +156,26 @@ fn f3tree_numa_reports_lines_and_modelled_cache_misses() {
         r.remote_reads_per_op.unwrap() + r.remote_writes_per_op.unwrap()
     };
     let (numa, non) = (seq("f3tree"), seq("f3tree-nonuma"));
-    assert!(numa < 0.5 * non, "sequential: f3tree {numa} vs f3tree-nonuma {non} remote lines/op");
+    // The remote lines per op of the non-NUMA variant swing 4–20 between runs at this scale
+    // (which node its unpinned evaluators happen to serve from), so the claim is checked on the
+    // evaluators' tree accesses, which are stable: ≈ 13% remote for F3-tree(N) (each range's
+    // leaves split on its writer's node) vs ≈ 50% for interleaved nodes. It fails if evaluation
+    // is not bound to nodes.
+    let tree_share = |name: &str| {
+        let r =
+            out.report.runs.iter().find(|r| r.engine == name && r.workload.contains("sequential"));
+        let c = &r.unwrap_or_else(|| panic!("no sequential {name} row")).counters;
+        let get = |k: &str| *c.get(k).unwrap_or_else(|| panic!("{name}: no {k}")) as f64;
+        get("pm_eval_tree_remote") / (get("pm_eval_tree_local") + get("pm_eval_tree_remote"))
+    };
+    let (numa_tree, non_tree) = (tree_share("f3tree"), tree_share("f3tree-nonuma"));
+    assert!(
+        numa_tree < 0.5 * non_tree,
+        "sequential: evaluator tree accesses {:.0}% remote for f3tree vs {:.0}% for f3tree-nonuma \
+         ({numa} vs {non} remote lines/op)",
+        numa_tree * 100.0,
+        non_tree * 100.0
+    );
     // Lines and misses are different counts of the same run: the caches absorb most lines.
     let n = row("f3tree");
     let lines = (n.pm_reads_per_op.unwrap() + n.pm_writes_per_op.unwrap()) * n.ops as f64;
