@@ -187,6 +187,10 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
             let v = inner.nlog.next_version(cluster);
             let new = inner.nlog.write(&nf, s, Op::Ins, v, va.0, key, value)?;
             inner.index.set(key, new);
+            // The moved entry is garbage in `f` now: if a later step of this reclaim fails
+            // (e.g. OutOfSpace reserving the next copy) `f` stays, and its accounting must
+            // still add up (dead + live = reserved; `check` verifies it).
+            f.dead.fetch_add(f.weight(va), Ordering::Relaxed);
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -229,6 +233,8 @@ fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
             let v = inner.nlog.next_version(cluster);
             let new = inner.nlog.write_var(&nf, s, Op::Ins, v, va.0, &key, &value)?;
             inner.bindex.set(&key, new);
+            // As in `reclaim`: the moved entry is garbage in `f` should this reclaim stop.
+            f.dead.fetch_add(f.weight(va), Ordering::Relaxed);
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
         }
     }
