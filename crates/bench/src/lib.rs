@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bytes;
 pub mod dist;
 pub mod engines;
 mod error;

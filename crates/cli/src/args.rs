@@ -239,6 +239,15 @@ pub struct BenchArgs {
     /// Operation mix, overriding the presets' (e.g. get:50,update:50).
     #[arg(long, value_name = "OP:W[,OP:W]", value_parser = parse_from_str::<numakv_bench::Mix>)]
     pub mix: Option<numakv_bench::Mix>,
+    /// Byte-string keys of N bytes (8..=1024): every selected engine also runs as its byte
+    /// twin (`ENGINE+kNvM`, the engine under the byte-string layer) in the same bench, so the
+    /// table shows the layer's cost beside the u64 engine. Default with --value-size: 16.
+    #[arg(long, value_name = "N")]
+    pub key_size: Option<usize>,
+    /// Byte-string values of N bytes (8..=1048576) for the byte twins (see --key-size).
+    /// Default with --key-size: 100.
+    #[arg(long, value_name = "N")]
+    pub value_size: Option<usize>,
     /// Seed of every generator (same seed, same operations).
     #[arg(long, value_name = "N", default_value_t = 42, value_parser = parse_u64)]
     pub seed: u64,
