@@ -10,6 +10,9 @@
 //!    linearization point, durable when the engine returns;
 //! 5. retires the old bucket: it is freed once every reader pinned now has unpinned.
 //!
+//! The writer is not pinned while the engine writes (an engine may wait for a grace period
+//! inside its write; see [`Bytes::write`]).
+//!
 //! A read pins the epoch, reads the pointer of `x` from the engine and searches the bucket in
 //! place; the pin keeps a bucket that a writer retires meanwhile from being freed under it.
 
@@ -83,7 +86,10 @@ impl<E: Index> Bytes<E> {
         };
         let x = index_key(key);
         let _lock = self.stripes.of(x).lock();
-        let guard = epoch::pin();
+        // Not pinned while the engine writes: an engine may wait for a grace period inside its
+        // write (NBTree's SMO waits, unpinned itself, for Calloc log slots that come back only
+        // after one), which a pin held here would never let end. The old bucket needs no pin:
+        // only a writer of `x`, under this lock, retires it.
         let old = self.index.get(x)?.map(PPtr::from_raw);
         // SAFETY: `old` is the published bucket of `x`; we hold the stripe lock of `x`, so no
         // writer can unlink and retire it while we read it.
@@ -137,6 +143,9 @@ impl<E: Index> Bytes<E> {
             }
         }
         if let Some(old) = old {
+            // Pinned after the unlink: every reader that can still hold `old` pinned before it,
+            // so the free waits for them.
+            let guard = epoch::pin();
             // SAFETY: `old` is unlinked (the engine now maps `x` elsewhere or nowhere), came from
             // this allocator, and only this writer (under the stripe lock) retires it.
             unsafe { retire(&self.nsm, &guard, old) };
