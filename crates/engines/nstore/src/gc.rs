@@ -27,7 +27,7 @@ use std::sync::{Arc, Weak};
 
 use numakv_index::Result;
 use numakv_pmem::alloc::epoch;
-use numakv_pmem::Pool;
+use numakv_pmem::{Pool, PoolError};
 
 use crate::layout::{self, decode_meta, Op, VAddr, OP_MASK};
 use crate::nlog::LogFile;
@@ -192,6 +192,10 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
             // still add up (dead + live = reserved; `check` verifies it).
             f.dead.fetch_add(f.weight(va), Ordering::Relaxed);
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
+            if numakv_pmem::fail_point!("nstore-gc-moved") {
+                // Tests: the reclaim stops here, as OutOfSpace reserving the next copy stops it.
+                return Err(PoolError::OutOfSpace { node, requested: 8 }.into());
+            }
         }
     }
     retire(inner, f);
@@ -236,6 +240,9 @@ fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
             // As in `reclaim`: the moved entry is garbage in `f` should this reclaim stop.
             f.dead.fetch_add(f.weight(va), Ordering::Relaxed);
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
+            if numakv_pmem::fail_point!("nstore-gc-moved") {
+                return Err(PoolError::OutOfSpace { node, requested: u64::from(words) * 8 }.into());
+            }
         }
     }
     retire(inner, f);

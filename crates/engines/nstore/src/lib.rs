@@ -21,6 +21,10 @@
 //!
 //! Formats, the crash states and the GC protocol: docs/design.md, section "NStore".
 //!
+//! Failure points (feature `failpoints` of numakv-pmem, tests only): `nstore-gc-moved` — a GC
+//! reclaim stops with OutOfSpace right after moving a live entry (as a failed reserve of the
+//! next copy would).
+//!
 //! ```
 //! use numakv_index::{Engine, Index};
 //! use numakv_nstore::{NStore, NStoreOptions};
