@@ -117,7 +117,7 @@ impl<'g> Record<'g> {
         }
         let len = usize::try_from(len)
             .ok()
-            .filter(|&l| l >= HEADER_BYTES + ENTRY_HEADER_BYTES + 1 && count >= 1)
+            .filter(|&l| l > HEADER_BYTES + ENTRY_HEADER_BYTES && count >= 1)
             .ok_or_else(|| corrupted(p, format_args!("length {len}, count {count}")))?;
         let all = pool.bytes(p, len)?;
         account::record_read(all.as_ptr() as usize + HEADER_BYTES, len - HEADER_BYTES);
@@ -226,8 +226,8 @@ pub(crate) unsafe fn write_record(
     let mut off = HEADER_BYTES;
     let mut ok = true;
     let mut n = 0u32;
-    // SAFETY (all writes below): `p` is unpublished and ours alone (the caller's contract);
-    // `write` bounds-checks each range against the `len` bytes of `dst`.
+    // SAFETY: `p` is unpublished and ours alone (the caller's contract); `write` bounds-checks
+    // the range against the `len` bytes of `dst`. The same holds for the writes below.
     ok &= unsafe { dst.write(0, &h) };
     fill(&mut |k: &[u8], v: &[u8]| {
         let mut eh = [0u8; ENTRY_HEADER_BYTES];

@@ -91,9 +91,9 @@ impl<E: Index> Bytes<E> {
         // after one), which a pin held here would never let end. The old bucket needs no pin:
         // only a writer of `x`, under this lock, retires it.
         let old = self.index.get(x)?.map(PPtr::from_raw);
-        // SAFETY: `old` is the published bucket of `x`; we hold the stripe lock of `x`, so no
-        // writer can unlink and retire it while we read it.
         let rec = match old {
+            // SAFETY: `p` is the published bucket of `x`; we hold the stripe lock of `x`, so no
+            // writer can unlink and retire it while we read it.
             Some(p) => Some(unsafe { Record::at(&self.pool, p)? }),
             None => None,
         };

@@ -6,7 +6,6 @@
 
 mod common;
 
-use numakv_index::Index;
 use numakv_pmem::failpoint::Scenario;
 use numakv_pmem::{PersistMode, SimMode};
 
