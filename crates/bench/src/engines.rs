@@ -260,6 +260,24 @@ impl Target for EngineTarget {
         true
     }
 
+    fn bytes_twin(&self, key_size: usize, value_size: usize) -> Option<Arc<dyn Target>> {
+        // Measurement stores (NBTree over the naive allocator or the page heap) stay u64-only.
+        let measurement = self
+            .options
+            .values()
+            .iter()
+            .any(|(k, v)| *k == "allocator" && (v == "page-heap" || v == "naive"));
+        (!measurement).then(|| {
+            Arc::new(crate::bytes::BytesTarget::new(
+                &self.name,
+                self.kind,
+                self.options.clone(),
+                key_size,
+                value_size,
+            )) as Arc<dyn Target>
+        })
+    }
+
     fn open(&self, env: &TargetEnv) -> Result<Box<dyn TargetInstance>> {
         let nodes = env.topology.node_count();
         // The page heap gives an NBTree leaf block whole pages: small ones (NBTree refuses a

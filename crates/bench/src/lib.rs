@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bytes;
 pub mod dist;
 pub mod engines;
 mod error;
@@ -34,6 +35,7 @@ pub mod plot;
 pub mod presets;
 pub mod report;
 pub mod repro;
+mod repro_bytes;
 mod repro_f3tree;
 mod repro_nap;
 mod repro_nobtree;

@@ -14,6 +14,8 @@
 //!   (papers/nstore.txt Figs. 10–11, 16, 15), in [`crate::repro_nstore`].
 //! - `nbtree-factors`: NBTree's factor analysis (papers/nbtree.txt §VI-E, Figs. 13–14) —
 //!   NBTree vs NBTree-W vs NBTree-WR vs coupled leaves (and FAST&FAIR) side by side.
+//! - `value-size`: the byte-string layer's scans and recovery versus value size
+//!   (papers/nstore.txt Figs. 9(b), 16), in [`crate::repro_bytes`].
 //! - `nbtree-alloc`: NBTree's allocators (papers/nbtree.txt §VI-F, Fig. 15) — Calloc vs the
 //!   naive bump allocator vs the page heap, inserts and inserts + deletes, side by side.
 
@@ -117,6 +119,11 @@ pub const REPROS: &[ReproInfo] = &[
         source: "papers/nap.txt §6.5 Fig. 15",
     },
     ReproInfo {
+        name: "value-size",
+        title: "byte-string layer: scan throughput and crash recovery versus value size (nstore, fastfair)",
+        source: "papers/nstore.txt §V-H Fig. 9(b), §V-G Fig. 16",
+    },
+    ReproInfo {
         name: "recovery",
         title: "recovery time after a crash versus key count",
         source:
@@ -212,6 +219,7 @@ pub fn run(
         "f3tree-folimit" => crate::repro_f3tree::fo_limit(targets, opts, progress)?,
         "nap-remote" => crate::repro_nap::remote(targets, opts, progress)?,
         "nap-shift" => crate::repro_nap::shift(opts)?,
+        "value-size" => crate::repro_bytes::value_size(targets, opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

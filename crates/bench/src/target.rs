@@ -56,6 +56,13 @@ pub trait Target: Send + Sync {
     ///
     /// Whatever creating the store fails with (e.g. [`BenchError::Index`]).
     fn open(&self, env: &TargetEnv) -> Result<Box<dyn TargetInstance>>;
+
+    /// The same target under the byte-string layer with `key_size`-byte keys and
+    /// `value_size`-byte values ([`crate::bytes`]); `None` when it has none (DRAM peers).
+    fn bytes_twin(&self, key_size: usize, value_size: usize) -> Option<Arc<dyn Target>> {
+        let _ = (key_size, value_size);
+        None
+    }
 }
 
 /// One live store of a [`Target`].

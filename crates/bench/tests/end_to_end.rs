@@ -282,10 +282,12 @@ fn repros_run_on_peers() {
         assert!(out.files.iter().all(|f| f.exists()));
         let md = std::fs::read_to_string(dir.path().join(format!("{}.md", info.name))).unwrap();
         // nobtree-migration is engine-specific (nobtree with and without its coordinator).
-        // nap-shift too (nap-fastfair with each switch mode).
+        // nap-shift too (nap-fastfair with each switch mode), and value-size (the byte twins
+        // of nstore and fastfair).
         let named = match info.name {
             "nobtree-migration" => "nobtree-nomigrate",
             "nap-shift" => "global-lock",
+            "value-size" => "| nstore | 4096 |",
             _ => "scc-treeindex",
         };
         assert!(md.contains("## Our measurement") && md.contains(named), "{}", info.name);

@@ -10,6 +10,9 @@ use numakv::{EngineKind, PersistMode};
 const AFTER_HELP: &str = "\
 Keys are integers in 1..=18446744073709551614 (0 and 2^64-1 are reserved), decimal or 0x-hex.
 Values are any 64-bit unsigned integer, 0 included.
+A bytes store (create --bytes) takes string keys of 1 B to 1 KiB, ordered bytewise, and values of
+0 B to 1 MiB: put/get/del/scan take them as given, or as hex with --hex; put --value-file F
+reads a value from a file; scan --prefix lists the keys starting with START.
 Sizes are bytes with an optional binary suffix: 4096, 256K, 512M, 1G (1K = 1024).
 
 Every command opens the store, does its work and closes the store cleanly; a store left unclean
@@ -52,7 +55,8 @@ pub enum Command {
     Get(KeyArgs),
     /// Remove KEY.
     Del(KeyArgs),
-    /// Print up to COUNT pairs in ascending key order, from the first key ≥ START.
+    /// Print up to COUNT pairs in ascending key order, from the first key ≥ START (bytes
+    /// stores: --prefix for the keys starting with START).
     Scan(ScanArgs),
     /// Describe a store: header, engine, clean-shutdown flag, space per node, engine counters.
     Inspect(DirArgs),
@@ -99,8 +103,20 @@ pub struct CreateArgs {
     /// Engine option KEY=VALUE (repeatable); see the list below (`create --help`).
     #[arg(short = 'o', long = "opt", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     pub opts: Vec<(String, String)>,
+    /// A bytes store: byte-string keys (1 B to 1 KiB, ordered bytewise) and values (0 B to
+    /// 1 MiB) over the engine, instead of u64 keys and values. Recorded in the store.
+    #[arg(long)]
+    pub bytes: bool,
     #[command(flatten)]
     pub output: JsonFlag,
+}
+
+/// How keys and values are given on a bytes store.
+#[derive(Debug, Args)]
+pub struct BytesFlags {
+    /// Bytes store: KEY, VALUE and START are hex (e.g. 00ff10), and output is hex.
+    #[arg(long)]
+    pub hex: bool,
 }
 
 /// `put`.
@@ -108,12 +124,19 @@ pub struct CreateArgs {
 pub struct PutArgs {
     /// Store directory.
     pub dir: PathBuf,
-    /// Key, 1..=2^64-2 (decimal or 0x-hex).
-    #[arg(value_parser = parse_key, allow_negative_numbers = true)]
-    pub key: u64,
-    /// Value, any u64 (decimal or 0x-hex).
-    #[arg(value_parser = parse_u64, allow_negative_numbers = true)]
-    pub value: u64,
+    /// Key: on an integer store 1..=2^64-2 (decimal or 0x-hex); on a bytes store a string of
+    /// 1 B to 1 KiB (hex with --hex).
+    #[arg(allow_negative_numbers = true)]
+    pub key: String,
+    /// Value: on an integer store any u64 (decimal or 0x-hex); on a bytes store a string of
+    /// 0 B to 1 MiB (hex with --hex; '' for empty). Omit it with --value-file.
+    #[arg(allow_negative_numbers = true, required_unless_present = "value_file")]
+    pub value: Option<String>,
+    /// Bytes store: read the value from file F (any bytes).
+    #[arg(long, value_name = "F", conflicts_with = "value")]
+    pub value_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub bytes: BytesFlags,
     /// Only insert: leave a present key unchanged (exit status 1).
     #[arg(long, conflicts_with = "if_present")]
     pub if_absent: bool,
@@ -129,9 +152,12 @@ pub struct PutArgs {
 pub struct KeyArgs {
     /// Store directory.
     pub dir: PathBuf,
-    /// Key, 1..=2^64-2 (decimal or 0x-hex).
-    #[arg(value_parser = parse_key, allow_negative_numbers = true)]
-    pub key: u64,
+    /// Key: on an integer store 1..=2^64-2 (decimal or 0x-hex); on a bytes store a string
+    /// (hex with --hex).
+    #[arg(allow_negative_numbers = true)]
+    pub key: String,
+    #[command(flatten)]
+    pub bytes: BytesFlags,
     #[command(flatten)]
     pub output: JsonFlag,
 }
@@ -141,12 +167,18 @@ pub struct KeyArgs {
 pub struct ScanArgs {
     /// Store directory.
     pub dir: PathBuf,
-    /// First key to consider (any u64; the scan starts at the first stored key ≥ START).
-    #[arg(value_parser = parse_u64, allow_negative_numbers = true)]
-    pub start: u64,
+    /// First key to consider: any u64 on an integer store, any string on a bytes store (hex
+    /// with --hex; '' for the first key); the scan starts at the first stored key ≥ START.
+    #[arg(allow_negative_numbers = true)]
+    pub start: String,
     /// Maximum number of pairs to print.
     #[arg(allow_negative_numbers = true)]
     pub count: usize,
+    /// Bytes store: only keys that start with START.
+    #[arg(long)]
+    pub prefix: bool,
+    #[command(flatten)]
+    pub bytes: BytesFlags,
     #[command(flatten)]
     pub output: JsonFlag,
 }
@@ -207,6 +239,15 @@ pub struct BenchArgs {
     /// Operation mix, overriding the presets' (e.g. get:50,update:50).
     #[arg(long, value_name = "OP:W[,OP:W]", value_parser = parse_from_str::<numakv_bench::Mix>)]
     pub mix: Option<numakv_bench::Mix>,
+    /// Byte-string keys of N bytes (8..=1024): every selected engine also runs as its byte
+    /// twin (`ENGINE+kNvM`, the engine under the byte-string layer) in the same bench, so the
+    /// table shows the layer's cost beside the u64 engine. Default with --value-size: 16.
+    #[arg(long, value_name = "N")]
+    pub key_size: Option<usize>,
+    /// Byte-string values of N bytes (8..=1048576) for the byte twins (see --key-size).
+    /// Default with --key-size: 100.
+    #[arg(long, value_name = "N")]
+    pub value_size: Option<usize>,
     /// Seed of every generator (same seed, same operations).
     #[arg(long, value_name = "N", default_value_t = 42, value_parser = parse_u64)]
     pub seed: u64,

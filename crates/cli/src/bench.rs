@@ -69,7 +69,14 @@ pub fn bench(
     let (mut config, default_out) = config(a);
     config.validate()?;
     let workloads = config.workloads()?;
-    let targets = engines::select(&config.engines)?;
+    let mut targets = engines::select(&config.engines)?;
+    if a.key_size.is_some() || a.value_size.is_some() {
+        targets = numakv_bench::bytes::with_twins(
+            targets,
+            a.key_size.unwrap_or(16),
+            a.value_size.unwrap_or(100),
+        )?;
+    }
     if default_out {
         config.out = Some(timestamped(RESULTS_DIR, "bench"));
     }

@@ -14,6 +14,7 @@ use clap::Parser;
 
 pub mod args;
 pub mod bench;
+mod bytes;
 pub mod commands;
 mod output;
 
@@ -83,6 +84,8 @@ impl CliError {
                 | Error::OptionsMismatch { .. }
                 | Error::UnknownEngine { .. }
                 | Error::Index(IndexError::InvalidKey(_))
+                | Error::Index(IndexError::EmptyKey { .. })
+                | Error::Index(IndexError::TooLarge { .. })
                 | Error::Index(IndexError::InvalidOptions(_))
                 | Error::Index(IndexError::Unsupported(_))
                 | Error::Index(IndexError::Pool(PoolError::InvalidArgument(_))) => Exit::Usage,

@@ -35,6 +35,10 @@ pub(crate) fn info_json(info: &StoreInfo) -> Value {
         "uuid": info.uuid,
         "pool_format_version": info.pool_format_version,
         "engine": info.engine.name(),
+        "store": match info.store_kind {
+            numakv::StoreKind::Bytes => "bytes",
+            _ => "integer",
+        },
         "engine_format_version": info.engine_format_version,
         "mode": info.mode.to_string(),
         "nodes": info.nodes,
@@ -56,6 +60,7 @@ pub(crate) fn info_text(out: &mut dyn Write, info: &StoreInfo) -> io::Result<()>
     row(out, "uuid", info.uuid.clone())?;
     row(out, "pool format", format!("v{}", info.pool_format_version))?;
     row(out, "engine", format!("{} (format v{})", info.engine, info.engine_format_version))?;
+    row(out, "keys", info.store_kind.to_string())?;
     row(out, "mode", info.mode.to_string())?;
     row(out, "nodes", info.nodes.to_string())?;
     row(

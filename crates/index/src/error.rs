@@ -10,6 +10,23 @@ pub enum Error {
     /// A key outside `1..=u64::MAX-1` (0 and `u64::MAX` are sentinels). Nothing was changed.
     #[error("invalid key {0}: keys must be in 1..=u64::MAX-1 (0 and u64::MAX are reserved)")]
     InvalidKey(u64),
+    /// An empty byte-string key (byte-string stores take keys of 1 B ..= 1 KiB). Nothing was
+    /// changed.
+    #[error("empty key: byte-string keys must be 1 to {max} bytes long")]
+    EmptyKey {
+        /// The longest key accepted, in bytes.
+        max: usize,
+    },
+    /// A byte-string key or value longer than the store accepts. Nothing was changed.
+    #[error("{what} of {len} bytes is too large: the limit is {limit} bytes")]
+    TooLarge {
+        /// `"key"` or `"value"`.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The largest length accepted.
+        limit: usize,
+    },
     /// The substrate failed: I/O, a bad pool file, out of space, ...
     #[error(transparent)]
     Pool(#[from] PoolError),

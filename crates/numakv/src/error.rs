@@ -47,6 +47,17 @@ pub enum Error {
         /// Engine the options belong to.
         given: crate::EngineKind,
     },
+    /// The store holds the other kind of data: a bytes store opened as an integer
+    /// [`crate::Store`], or an integer store opened as a [`crate::BytesStore`].
+    #[error("{dir}: this is a {found} store, not a {wanted} store")]
+    StoreKind {
+        /// The store directory.
+        dir: PathBuf,
+        /// What the header records.
+        found: crate::StoreKind,
+        /// What the caller opened it as.
+        wanted: crate::StoreKind,
+    },
     /// An engine option given as text (`key=value`) is unknown or does not parse.
     #[error("engine {engine}: {message}")]
     BadEngineOption {

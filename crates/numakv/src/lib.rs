@@ -35,16 +35,19 @@
 
 #![warn(missing_docs)]
 
+mod bytes_store;
 mod error;
 mod options;
 mod registry;
 pub mod size;
 mod store;
 
+pub use bytes_store::BytesStore;
 pub use error::{Error, Result};
+pub use numakv_bytes::{ByteMap, Scan as BytesScan, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use options::{Options, DEFAULT_CAPACITY};
 pub use registry::{EngineKind, EngineOptions, OptionKey};
-pub use store::{NodeSpace, Store, StoreInfo};
+pub use store::{NodeSpace, Store, StoreInfo, StoreKind};
 
 pub use numakv_fastfair::FastFairOptions;
 pub use numakv_index::Error as IndexError;

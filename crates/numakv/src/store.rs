@@ -115,21 +115,43 @@ impl WithEngine for Create<'_> {
         match E::create(pool, &eopts) {
             Ok(engine) => Ok(Box::new(engine)),
             Err(e) => {
-                // The pool was created by us a moment ago (Pool::create refuses a directory that
-                // already holds one): remove its node files rather than leave a store without an
-                // index, and the directory too if it is ours. The pool handle is gone (E::create
-                // consumed it) once we get here. Clean-up is best effort: the error to report
-                // is the engine's.
-                for node in 0..nodes {
-                    let _ = fs::remove_file(node_path(self.dir, node));
-                }
-                if new_dir {
-                    let _ = fs::remove_file(self.dir.join(numakv_pmem::LOCK_FILE));
-                    let _ = fs::remove_dir(self.dir);
-                }
+                remove_fresh_pool(self.dir, nodes, new_dir);
                 Err(e.into())
             }
         }
+    }
+}
+
+/// Removes the node files of a pool created a moment ago by a create whose engine then failed
+/// (Pool::create refuses a directory that already holds one), and the directory too if the create
+/// made it: rather than leave a store without an index. Best effort: the error to report is the
+/// engine's. The pool handle must be gone.
+pub(crate) fn remove_fresh_pool(dir: &Path, nodes: usize, new_dir: bool) {
+    for node in 0..nodes {
+        let _ = fs::remove_file(node_path(dir, node));
+    }
+    if new_dir {
+        let _ = fs::remove_file(dir.join(numakv_pmem::LOCK_FILE));
+        let _ = fs::remove_dir(dir);
+    }
+}
+
+/// What a store holds, as its header records it: `u64 → u64` ([`Store`]) or byte strings
+/// ([`crate::BytesStore`], engine name `bytes-<engine>` in the header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreKind {
+    /// An integer store: u64 keys and values.
+    Integer,
+    /// A bytes store: byte-string keys and values.
+    Bytes,
+}
+
+impl fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreKind::Integer => "integer (u64 keys and values)",
+            StoreKind::Bytes => "bytes (byte-string keys and values)",
+        })
     }
 }
 
@@ -158,7 +180,7 @@ impl WithEngine for Open<'_> {
 }
 
 /// `E`'s options out of `opts.engine`, or its defaults.
-fn engine_options<E: Engine>(opts: &Options) -> Result<E::Options>
+pub(crate) fn engine_options<E: Engine>(opts: &Options) -> Result<E::Options>
 where
     E::Options: EngineConfig,
 {
@@ -196,7 +218,14 @@ impl Store {
     /// accounting, latency, per-session engine options); the shape fields of `opts` are ignored.
     pub fn open_with(dir: impl AsRef<Path>, opts: &Options) -> Result<Store> {
         let dir = dir.as_ref();
-        let kind = Self::engine_of(dir)?;
+        let (kind, store_kind) = Self::kind_of(dir)?;
+        if store_kind != StoreKind::Integer {
+            return Err(Error::StoreKind {
+                dir: dir.to_path_buf(),
+                found: store_kind,
+                wanted: StoreKind::Integer,
+            });
+        }
         if let Some(given) = &opts.engine {
             if given.kind() != kind {
                 return Err(Error::OptionsMismatch { store: kind, given: given.kind() });
@@ -220,15 +249,28 @@ impl Store {
         Ok(Pool::read_header(&path)?)
     }
 
-    /// The engine of the store in `dir`, from its header, without opening the store.
+    /// The engine of the store in `dir`, from its header, without opening the store (for a
+    /// bytes store, the engine under the byte-string layer).
     pub fn engine_of(dir: impl AsRef<Path>) -> Result<EngineKind> {
+        Self::kind_of(dir).map(|(k, _)| k)
+    }
+
+    /// The engine and the kind of store (integer or bytes) in `dir`, from its header, without
+    /// opening the store.
+    pub fn kind_of(dir: impl AsRef<Path>) -> Result<(EngineKind, StoreKind)> {
         let dir = dir.as_ref();
         let header = Self::read_header(dir)?;
-        EngineKind::from_name(&header.engine.name).ok_or_else(|| Error::UnknownStoredEngine {
+        let name = header.engine.name.as_str();
+        let (name, store_kind) = match name.strip_prefix(numakv_bytes::NAME_PREFIX) {
+            Some(inner) => (inner, StoreKind::Bytes),
+            None => (name, StoreKind::Integer),
+        };
+        let kind = EngineKind::from_name(name).ok_or_else(|| Error::UnknownStoredEngine {
             path: node_path(dir, 0),
-            name: header.engine.name,
+            name: header.engine.name.clone(),
             known: EngineKind::known_names(),
-        })
+        })?;
+        Ok((kind, store_kind))
     }
 
     /// The store's engine.
@@ -264,37 +306,7 @@ impl Store {
 
     /// A description of the store: header fields, clean flag, space per node, engine stats.
     pub fn inspect(&self) -> Result<StoreInfo> {
-        let pool = self.pool();
-        let h = pool.header();
-        let stats = self.stats();
-        let mut space = Vec::with_capacity(pool.nodes());
-        for node in 0..pool.nodes() {
-            let (used_pages, total_pages) = pool.heap_usage(node)?;
-            space.push(NodeSpace {
-                node,
-                file: pool.node_file(node).map(Path::to_path_buf),
-                capacity_bytes: pool.capacity(),
-                heap_pages: total_pages,
-                used_pages,
-                used_bytes: pool.used_bytes(node)?,
-                engine_bytes: stats.pm_bytes_per_node.get(node).copied().unwrap_or(0),
-            });
-        }
-        Ok(StoreInfo {
-            dir: self.dir.clone(),
-            uuid: h.uuid_string(),
-            pool_format_version: numakv_pmem::layout::FORMAT_VERSION,
-            engine: self.kind,
-            engine_format_version: h.engine.version,
-            mode: h.mode,
-            nodes: pool.nodes(),
-            capacity_per_node: pool.capacity(),
-            page_size: pool.page_size(),
-            was_clean: pool.was_clean(),
-            generation: pool.generation(),
-            space,
-            stats,
-        })
+        store_info(self.pool(), self.kind, &self.dir, self.stats(), StoreKind::Integer)
     }
 
     /// Structural check of the whole store: every node's page heap against its descriptor table
@@ -357,12 +369,54 @@ impl Index for Store {
     }
 }
 
+/// [`Store::inspect`] of any store.
+pub(crate) fn store_info(
+    pool: &Pool,
+    kind: EngineKind,
+    dir: &Path,
+    stats: EngineStats,
+    store_kind: StoreKind,
+) -> Result<StoreInfo> {
+    let h = pool.header();
+    let mut space = Vec::with_capacity(pool.nodes());
+    for node in 0..pool.nodes() {
+        let (used_pages, total_pages) = pool.heap_usage(node)?;
+        space.push(NodeSpace {
+            node,
+            file: pool.node_file(node).map(Path::to_path_buf),
+            capacity_bytes: pool.capacity(),
+            heap_pages: total_pages,
+            used_pages,
+            used_bytes: pool.used_bytes(node)?,
+            engine_bytes: stats.pm_bytes_per_node.get(node).copied().unwrap_or(0),
+        });
+    }
+    Ok(StoreInfo {
+        dir: dir.to_path_buf(),
+        store_kind,
+        uuid: h.uuid_string(),
+        pool_format_version: numakv_pmem::layout::FORMAT_VERSION,
+        engine: kind,
+        engine_format_version: h.engine.version,
+        mode: h.mode,
+        nodes: pool.nodes(),
+        capacity_per_node: pool.capacity(),
+        page_size: pool.page_size(),
+        was_clean: pool.was_clean(),
+        generation: pool.generation(),
+        space,
+        stats,
+    })
+}
+
 /// What [`Store::inspect`] reports.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct StoreInfo {
     /// The store directory.
     pub dir: PathBuf,
+    /// Integer or bytes store.
+    pub store_kind: StoreKind,
     /// Store UUID as hex.
     pub uuid: String,
     /// Version of the pool file format.

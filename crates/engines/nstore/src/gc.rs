@@ -247,6 +247,9 @@ fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
             // The original is garbage from now on (as in `reclaim`).
             f.dead.fetch_add(words, Ordering::Relaxed);
             inner.counters.gc_rewritten.fetch_add(1, Ordering::Relaxed);
+            if numakv_pmem::fail_point!("nstore.gc.rewritten") {
+                return Err(PoolError::OutOfSpace { node, requested: u64::from(words) * 8 }.into());
+            }
         }
     }
     retire(inner, f);

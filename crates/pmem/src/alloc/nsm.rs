@@ -287,6 +287,10 @@ pub struct NsmStats {
 pub struct Nsm {
     pool: Arc<Pool>,
     mode: NsmMode,
+    /// Page-heap owner tag of this NSM's extents ([`OWNER_NSM`] unless created with another:
+    /// two NSMs in one pool, e.g. an engine's and the byte-string layer's, must not collect each
+    /// other's pages).
+    owner: u8,
     nodes: usize,
     page_size: u64,
     classes: Vec<u64>,
@@ -400,17 +404,27 @@ impl Nsm {
     /// `InvalidArgument` for `NsmMode::Node(n)` with `n ≥ pool.nodes()`, or when the pool
     /// already holds NSM extents.
     pub fn new(pool: Arc<Pool>, mode: NsmMode) -> Result<Arc<Nsm>> {
+        Self::new_owned(pool, mode, OWNER_NSM)
+    }
+
+    /// [`Nsm::new`] for an NSM whose extents carry page-heap owner tag `owner` instead of
+    /// [`OWNER_NSM`]: a second NSM in a pool whose engine has its own. Reopen it with
+    /// [`Nsm::recover_owned`] and the same tag.
+    ///
+    /// # Errors
+    /// As [`Nsm::new`] (the check is for extents tagged `owner`).
+    pub fn new_owned(pool: Arc<Pool>, mode: NsmMode, owner: u8) -> Result<Arc<Nsm>> {
         for node in 0..pool.nodes() {
-            if pool.extents(node)?.iter().any(|e| e.owner == OWNER_NSM) {
+            if pool.extents(node)?.iter().any(|e| e.owner == owner) {
                 return Err(PoolError::InvalidArgument(format!(
                     "node {node} already holds NSM pages; open it with Nsm::recover"
                 )));
             }
         }
-        Ok(Arc::new(Self::build(pool, mode)?))
+        Ok(Arc::new(Self::build(pool, mode, owner)?))
     }
 
-    fn build(pool: Arc<Pool>, mode: NsmMode) -> Result<Nsm> {
+    fn build(pool: Arc<Pool>, mode: NsmMode, owner: u8) -> Result<Nsm> {
         let nodes = pool.nodes();
         if let NsmMode::Node(n) = mode {
             if n >= nodes {
@@ -435,6 +449,7 @@ impl Nsm {
         Ok(Nsm {
             pool,
             mode,
+            owner,
             nodes,
             page_size,
             classes,
@@ -611,7 +626,7 @@ impl Nsm {
     fn new_page(&self, node: usize, class: usize) -> Result<PPtr> {
         // PERSIST: alloc_pages persists the head descriptor (owner NSM, aux = class) before it
         // returns; that descriptor is all NSM ever makes durable for small blocks.
-        self.pool.alloc_pages(node, 1, OWNER_NSM, class as u16)
+        self.pool.alloc_pages(node, 1, self.owner, class as u16)
     }
 
     /// Makes `page` the slab's fresh cursor for `class` and cuts its first block.
@@ -634,7 +649,7 @@ impl Nsm {
         let pages = size.div_ceil(self.page_size);
         let try_node = |node: usize| {
             // PERSIST: alloc_pages persists the head descriptor (aux = LARGE) before returning.
-            self.pool.alloc_pages(node, pages, OWNER_NSM, LARGE)
+            self.pool.alloc_pages(node, pages, self.owner, LARGE)
         };
         let p = if slab < self.nodes {
             try_node(slab)?
@@ -672,7 +687,7 @@ impl Nsm {
             return Err(bad("null"));
         }
         let info = self.pool.page_info(p).ok_or_else(|| bad("not in an allocated page"))?;
-        if info.owner != OWNER_NSM {
+        if info.owner != self.owner {
             return Err(bad("not in an NSM page"));
         }
         if info.aux == LARGE {
@@ -793,7 +808,7 @@ impl Nsm {
         let mut out = Vec::new();
         for node in 0..self.nodes {
             for e in self.pool.extents(node).unwrap_or_default() {
-                if e.owner != OWNER_NSM {
+                if e.owner != self.owner {
                     continue;
                 }
                 if e.aux == LARGE {
@@ -873,7 +888,7 @@ impl Nsm {
         };
         for node in 0..self.nodes {
             for e in self.pool.extents(node).unwrap_or_default() {
-                if e.owner == OWNER_NSM {
+                if e.owner == self.owner {
                     if e.aux == LARGE {
                         stats.large_pages[node] += e.pages;
                     } else {
@@ -902,7 +917,7 @@ impl Nsm {
         let mut marks = Marks { pages: BTreeMap::new(), large: BTreeMap::new() };
         for node in 0..self.nodes {
             for e in self.pool.extents(node)? {
-                if e.owner != OWNER_NSM {
+                if e.owner != self.owner {
                     continue;
                 }
                 if e.aux == LARGE {
@@ -1041,11 +1056,25 @@ impl Nsm {
         mode: NsmMode,
         reachable: impl IntoIterator<Item = PPtr>,
     ) -> Result<(Arc<Nsm>, NsmRecovery)> {
+        Self::recover_owned(pool, mode, OWNER_NSM, reachable)
+    }
+
+    /// [`Nsm::recover`] for an NSM created with [`Nsm::new_owned`]`(…, owner)`: only extents
+    /// tagged `owner` are collected.
+    ///
+    /// # Errors
+    /// As [`Nsm::recover`].
+    pub fn recover_owned(
+        pool: Arc<Pool>,
+        mode: NsmMode,
+        owner: u8,
+        reachable: impl IntoIterator<Item = PPtr>,
+    ) -> Result<(Arc<Nsm>, NsmRecovery)> {
         let t0 = Instant::now();
         if pool.has_crashed() {
             return Err(PoolError::InvalidArgument("pool crashed; reopen it to recover".into()));
         }
-        let nsm = Self::build(pool, mode)?;
+        let nsm = Self::build(pool, mode, owner)?;
         let mut marks = nsm.unmarked()?;
         // Only volatile state changes until every pointer has been checked.
         let mut report = NsmRecovery {
@@ -1077,7 +1106,7 @@ impl Nsm {
         if pool.has_crashed() {
             return Err(PoolError::InvalidArgument("pool crashed; reopen it to recover".into()));
         }
-        let nsm = Self::build(pool, mode)?;
+        let nsm = Self::build(pool, mode, OWNER_NSM)?;
         let marks = nsm.unmarked()?;
         let mut frozen_bytes = 0;
         let mut d = Deferred::default();

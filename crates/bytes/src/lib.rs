@@ -1,0 +1,183 @@
+//! Byte-string keys and values, ordered by memcmp, over any numakv engine.
+//!
+//! [`Bytes<E>`] is a layer generic over [`Index`] (as Nap is): the engine maps an order-preserving
+//! 8-byte prefix of each key ([`layout::index_key`]) to a persistent pointer to an out-of-line,
+//! copy-on-write PM record (a *bucket*) that holds every full key and value sharing that prefix,
+//! sorted. So every engine — FAST&FAIR, NBTree, NOBtree, F3-tree, NStore, Nap over each — gets
+//! byte keys (1 B ..= 1 KiB) and values (0 B ..= 1 MiB) without engine-specific code.
+//!
+//! - **Writers** of one prefix are serialised by a striped lock ([`ops`]); they build the new
+//!   bucket in a fresh NSM block, persist it, relink the prefix in the engine, then retire the
+//!   old bucket through an epoch grace period.
+//! - **Readers** take no lock: pinned in the epoch, they read the pointer from the engine and the
+//!   bucket in place.
+//! - **Scans** ([`Scan`]) walk the engine's scan in batches and yield pairs lazily.
+//! - **Recovery** ([`recovery`]): the engine recovers, then the layer walks it and returns every
+//!   bucket no prefix reaches to the allocator — a crash leaks nothing.
+//!
+//! PM format and the crash argument: docs/design.md, "Byte-string layer".
+//!
+//! ```
+//! use numakv_bytes::{ByteMap, Bytes};
+//! use numakv_fastfair::FastFair;
+//! use numakv_pmem::{Pool, PoolConfig};
+//!
+//! let pool = Pool::volatile(PoolConfig::new(numakv_bytes::engine_id::<FastFair>(), 16 << 20))?;
+//! let b = Bytes::<FastFair>::create(pool, &Default::default())?;
+//! b.put(b"user:1", b"hello")?;
+//! b.put(b"user:2", b"")?;
+//! assert!(!b.insert(b"user:1", b"other")?);
+//! assert_eq!(b.get(b"user:1")?.as_deref(), Some(&b"hello"[..]));
+//! let keys: Vec<Vec<u8>> = b.scan_prefix(b"user:", 10).map(|r| r.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+//! assert_eq!(keys, [b"user:1".to_vec(), b"user:2".to_vec()]);
+//! assert!(b.put(b"", b"x").is_err()); // the empty key is refused
+//! b.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod layout;
+pub mod ops;
+pub mod recovery;
+mod scan;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+use std::fmt;
+use std::sync::Arc;
+
+use numakv_index::{CheckReport, Engine, EngineStats, Index, RecoveryReport, Result};
+use numakv_pmem::alloc::nsm::Nsm;
+use numakv_pmem::{EngineId, Pool};
+
+pub use crate::layout::{MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use crate::scan::{prefix_end, Scan};
+
+/// Name prefix of a bytes store's engine in the pool header: `bytes-<engine>` (e.g.
+/// `bytes-fastfair`, `bytes-nap-nbtree`). Its presence is what makes a store a bytes store.
+pub const NAME_PREFIX: &str = "bytes-";
+
+/// The header identity of a bytes store over `E`: name `bytes-<E::NAME>`, `E`'s format version
+/// (the layer's own format is the word in [`layout::SLOT_META`]).
+pub fn engine_id<E: Engine>() -> EngineId {
+    EngineId::new(format!("{NAME_PREFIX}{}", E::NAME), E::FORMAT_VERSION)
+}
+
+/// The ordered byte-string map every bytes store offers, object-safe (the facade and the bench
+/// hold a `dyn ByteMap`).
+///
+/// Keys are 1 B ..= [`MAX_KEY_LEN`], ordered by memcmp; values 0 B ..= [`MAX_VALUE_LEN`].
+/// Operations are linearizable per key; a successful mutating call is durable when it returns.
+pub trait ByteMap: Send + Sync {
+    /// The engine underneath (e.g. `"fastfair"`).
+    fn engine_name(&self) -> &'static str;
+    /// Inserts or overwrites `key → value`.
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<()>;
+    /// Inserts `key → value` if `key` is absent; `false` (no change) if present.
+    fn insert(&self, key: &[u8], value: &[u8]) -> Result<bool>;
+    /// Overwrites the value of `key` if present; `false` (no change) if absent.
+    fn update(&self, key: &[u8], value: &[u8]) -> Result<bool>;
+    /// Removes `key`; `false` if it was absent.
+    fn delete(&self, key: &[u8]) -> Result<bool>;
+    /// Replaces `out` with the value of `key` and returns `true`, or returns `false` (`out`
+    /// untouched) when absent. Reuses `out`'s buffer: no allocation per call once it is large
+    /// enough.
+    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
+    /// The value of `key`, if present.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut v = Vec::new();
+        Ok(self.get_into(key, &mut v)?.then_some(v))
+    }
+    /// Pairs with `start ≤ key < end` (no upper bound when `end` is `None`), ascending, at most
+    /// `limit`. The iterator reads the engine in batches; it does not materialise the range.
+    fn scan<'a>(&'a self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Scan<'a>;
+    /// Pairs whose key starts with `prefix`, ascending, at most `limit`.
+    fn scan_prefix<'a>(&'a self, prefix: &[u8], limit: usize) -> Scan<'a> {
+        let end = prefix_end(prefix);
+        self.scan(prefix, end.as_deref(), limit)
+    }
+    /// Space and counters: the engine's, plus the layer's buckets.
+    fn stats(&self) -> EngineStats;
+    /// Structural check of the engine and of every bucket (run while no thread mutates).
+    fn check(&self) -> Result<CheckReport>;
+    /// The pool the store lives in.
+    fn pool(&self) -> &Arc<Pool>;
+    /// Clean shutdown through a box (see [`Bytes::close`]).
+    fn close_boxed(self: Box<Self>) -> Result<()>;
+}
+
+/// Byte-string keys and values over engine `E`; see the [crate docs](crate).
+pub struct Bytes<E: Index> {
+    index: E,
+    pool: Arc<Pool>,
+    nsm: Arc<Nsm>,
+    stripes: ops::Stripes,
+}
+
+impl<E: Index> fmt::Debug for Bytes<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bytes").field("engine", &self.index.name()).finish_non_exhaustive()
+    }
+}
+
+impl<E: Index> Bytes<E> {
+    /// The engine underneath.
+    pub fn index(&self) -> &E {
+        &self.index
+    }
+}
+
+impl<E: Engine> Bytes<E> {
+    /// Creates the engine and the layer on a fresh pool whose header names
+    /// `bytes-<engine>` ([`engine_id`]).
+    pub fn create(pool: Arc<Pool>, opts: &E::Options) -> Result<Self> {
+        recovery::create(pool, opts)
+    }
+
+    /// Opens a bytes store: the engine recovers, then the layer reclaims every bucket the index
+    /// does not reach.
+    pub fn open(pool: Arc<Pool>, opts: &E::Options) -> Result<(Self, RecoveryReport)> {
+        recovery::open(pool, opts)
+    }
+
+    /// Clean shutdown: the engine closes (buckets need nothing: each was durable before it was
+    /// linked, and the allocator's free lists are rebuilt at open).
+    pub fn close(self) -> Result<()> {
+        self.index.close()
+    }
+}
+
+impl<E: Engine> ByteMap for Bytes<E> {
+    fn engine_name(&self) -> &'static str {
+        E::NAME
+    }
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(key, ops::Write::Put(value)).map(|_| ())
+    }
+    fn insert(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.write(key, ops::Write::Insert(value))
+    }
+    fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.write(key, ops::Write::Update(value))
+    }
+    fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.write(key, ops::Write::Delete)
+    }
+    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        self.read(key, out)
+    }
+    fn scan<'a>(&'a self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Scan<'a> {
+        Scan::new(&self.index, &self.pool, start, end, limit)
+    }
+    fn stats(&self) -> EngineStats {
+        recovery::stats(self)
+    }
+    fn check(&self) -> Result<CheckReport> {
+        recovery::check(self)
+    }
+    fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+    fn close_boxed(self: Box<Self>) -> Result<()> {
+        (*self).close()
+    }
+}

@@ -1,0 +1,9 @@
+//! The byte-key kit (numakv_bytes::testkit) on the byte layer over Nobtree, in ADR (shadow
+//! power failures) and eADR (process kills). One kit per file: the eADR kill test re-executes
+//! this binary filtered by test name.
+
+numakv_bytes::bytes_conformance_tests!(
+    engine = numakv_nobtree::Nobtree,
+    opts = Default::default(),
+    modes = [adr, eadr],
+);

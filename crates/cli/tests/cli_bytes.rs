@@ -1,0 +1,111 @@
+//! The bytes-store scenario of issue 22 through the `numakv` binary, for every engine: create
+//! --bytes, string keys, an empty value, a 1 MiB value from a file, prefix and start scans, del,
+//! get; a 0-byte key and a 2 MiB value refused with clear messages, the store still usable; hex
+//! keys; and the integer-only flags refused on an integer store.
+
+use std::path::Path;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_numakv");
+
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+impl Run {
+    fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+fn numakv(args: &[&str]) -> Run {
+    let out = Command::new(BIN).args(args).output().expect("the numakv binary runs");
+    let run = Run {
+        code: out.status.code().expect("numakv exits normally"),
+        stdout: out.stdout,
+        stderr: String::from_utf8(out.stderr).expect("UTF-8 stderr"),
+    };
+    assert!(!run.stderr.contains("panicked"), "{run:?}");
+    run
+}
+
+fn ok(run: Run) -> Run {
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stderr.is_empty(), "{run:?}");
+    run
+}
+
+fn fails(run: Run, code: i32, needle: &str) -> Run {
+    assert_eq!(run.code, code, "{run:?}");
+    assert!(
+        run.stderr.starts_with("error: ") && run.stderr.contains(needle),
+        "{needle:?}: {run:?}"
+    );
+    run
+}
+
+fn scenario(dir: &Path, engine: &str) {
+    let d = dir.to_str().unwrap();
+    let run = ok(numakv(&["create", d, "--engine", engine, "--bytes", "--capacity", "64M"]));
+    assert!(run.out().contains(&format!("created {engine} bytes store")), "{run:?}");
+    assert_eq!(ok(numakv(&["put", d, "user:1", "hello"])).out(), "inserted user:1 (5 bytes)\n");
+    assert_eq!(ok(numakv(&["put", d, "user:2", ""])).out(), "inserted user:2 (0 bytes)\n");
+    let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let file = dir.parent().unwrap().join(format!("{engine}.value"));
+    std::fs::write(&file, &big).unwrap();
+    ok(numakv(&["put", d, "blob", "--value-file", file.to_str().unwrap()]));
+    let scan = ok(numakv(&["scan", d, "user:", "10"])).out();
+    assert_eq!(scan, "user:1 hello\nuser:2 \n", "{engine}");
+    let scan = ok(numakv(&["scan", d, "", "10"])).out();
+    assert!(scan.starts_with("blob ") && scan.contains("(1048576 bytes)\nuser:1"), "{scan}");
+    let scan = ok(numakv(&["scan", d, "user:", "10", "--prefix"])).out();
+    assert_eq!(scan, "user:1 hello\nuser:2 \n");
+    assert_eq!(ok(numakv(&["get", d, "blob"])).stdout, [&big[..], b"\n"].concat());
+    assert_eq!(ok(numakv(&["del", d, "user:1"])).out(), "deleted user:1\n");
+    let run = numakv(&["get", d, "user:1"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(ok(numakv(&["get", d, "user:2"])).out(), "\n");
+    // The limits, each a clear usage error that leaves the store as it was.
+    fails(numakv(&["put", d, "", "x"]), 2, "empty key");
+    let file2 = dir.parent().unwrap().join(format!("{engine}.2m"));
+    std::fs::write(&file2, vec![1u8; 2 << 20]).unwrap();
+    fails(
+        numakv(&["put", d, "k", "--value-file", file2.to_str().unwrap()]),
+        2,
+        "value of 2097152 bytes is too large: the limit is 1048576 bytes",
+    );
+    // Binary keys through --hex.
+    ok(numakv(&["put", d, "00ff01", "abcd", "--hex"]));
+    assert_eq!(ok(numakv(&["get", d, "00ff01", "--hex"])).out(), "abcd\n");
+    let scan = ok(numakv(&["scan", d, "00", "1", "--hex"])).out();
+    assert_eq!(scan, "00ff01 abcd\n");
+    let check = ok(numakv(&["check", d])).out();
+    assert!(check.starts_with("ok: 3 entries"), "{check}");
+    let inspect = ok(numakv(&["inspect", d])).out();
+    assert!(inspect.contains("bytes (byte-string keys and values)"), "{inspect}");
+}
+
+#[test]
+fn every_engine_runs_the_bytes_scenario() {
+    let tmp = tempfile::tempdir().unwrap();
+    for engine in numakv::EngineKind::all() {
+        let dir = tmp.path().join(engine.name());
+        scenario(&dir, engine.name());
+    }
+}
+
+#[test]
+fn bytes_flags_are_refused_on_an_integer_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("i");
+    let d = d.to_str().unwrap();
+    ok(numakv(&["create", d, "--engine", "fastfair", "--capacity", "32M"]));
+    fails(numakv(&["put", d, "1", "2", "--hex"]), 2, "--hex is for bytes stores");
+    fails(numakv(&["scan", d, "1", "2", "--prefix"]), 2, "--prefix is for bytes stores");
+    fails(numakv(&["put", d, "user:1", "2"]), 2, "not an unsigned 64-bit integer");
+    ok(numakv(&["put", d, "1", "2"]));
+    assert_eq!(ok(numakv(&["get", d, "1"])).out(), "2\n");
+}
