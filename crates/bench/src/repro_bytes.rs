@@ -108,7 +108,7 @@ pub fn value_size(
                     "{:.2}",
                     r.throughput_mops * f64::from(SCAN_LEN)
                 )),
-                scan.map_or("n/a".into(), |r| format!("{:.0}", r.pm_reads_per_op)),
+                scan.and_then(|r| r.pm_reads_per_op).map_or("n/a".into(), |x| format!("{x:.0}")),
                 ms(rec.and_then(|r| r.reopen_ms)),
                 ms(rec.and_then(|r| r.recover_ms)),
                 rec.map_or("n/a".into(), |r| format!(
