@@ -65,7 +65,7 @@ fn sigkill_loses_nothing_acknowledged() {
 #[test]
 fn sigterm_closes_the_store_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, url) = serve(dir.path(), "fastfair");
+    let (child, url) = serve(dir.path(), "fastfair");
     let mut c = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let _: () = c.set("k", "v").unwrap();
     let st = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
