@@ -337,6 +337,8 @@ fn incr_by(sh: &Shared, conn: &mut Conn, key: &[u8], delta: Option<i64>, out: &m
         Ok(false) => 0,
         Err(e) => return store_err(out, &e),
     };
+    // Between the read and the write: a concurrent INCR of the key must wait here (the stripe).
+    numakv_pmem::pause_point!("server.incr.read");
     let Some(new) = cur.checked_add(delta) else {
         return out.err("ERR increment or decrement would overflow");
     };
