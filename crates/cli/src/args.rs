@@ -68,6 +68,48 @@ pub enum Command {
     Bench(Box<BenchArgs>),
     /// Run a scaled-down reproduction of a paper's table or figure (`repro list` lists them).
     Repro(ReproArgs),
+    /// Serve a bytes store over the Redis protocol (RESP2) until SHUTDOWN, SIGTERM or SIGINT,
+    /// then close it cleanly. Prints `listening on ADDR` once it accepts connections.
+    #[command(after_long_help = engine_options_help())]
+    Serve(ServeArgs),
+}
+
+/// `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Bytes store directory (with --create: created if it holds no store yet).
+    pub dir: PathBuf,
+    /// Create the bytes store if DIR holds none (then --engine is required; --nodes, --capacity,
+    /// --page-size, --mode and -o apply to the new store).
+    #[arg(long)]
+    pub create: bool,
+    /// Engine of a store created by --create.
+    #[arg(long, short, value_name = "NAME", value_parser = parse_engine, help = engine_help())]
+    pub engine: Option<EngineKind>,
+    /// NUMA nodes (node files) of a created store.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub nodes: usize,
+    /// Capacity of each node file of a created store, suffixes K/M/G/T.
+    #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_size)]
+    pub capacity: u64,
+    /// Page-heap page size of a created store.
+    #[arg(long, default_value = "256K", value_name = "SIZE", value_parser = parse_size)]
+    pub page_size: u64,
+    /// Persistence mode of a created store: adr or eadr.
+    #[arg(long, default_value = "adr", value_name = "MODE", value_parser = parse_mode)]
+    pub mode: PersistMode,
+    /// Engine option KEY=VALUE of a created store (repeatable).
+    #[arg(short = 'o', long = "opt", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub opts: Vec<(String, String)>,
+    /// Address to listen on (port 0: any free port; the chosen one is printed).
+    #[arg(long, default_value = "127.0.0.1:6379", value_name = "HOST:PORT")]
+    pub bind: String,
+    /// Worker threads (0: one per CPU). Each is placed on a NUMA node of the store, round-robin.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub threads: usize,
+    /// Connections served at once; more are refused with "ERR max number of clients reached".
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub max_clients: usize,
 }
 
 /// `--json` after a store command (the same as before it).

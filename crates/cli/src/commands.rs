@@ -50,6 +50,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Exit, 
         }),
         Command::Bench(a) => crate::bench::bench(a, cli.json, out, err),
         Command::Repro(a) => crate::bench::repro(a, cli.json, out, err),
+        Command::Serve(a) => crate::serve::serve(a, out, err),
     }
 }
 

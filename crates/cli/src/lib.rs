@@ -17,6 +17,7 @@ pub mod bench;
 mod bytes;
 pub mod commands;
 mod output;
+pub mod serve;
 
 pub use args::Cli;
 
@@ -59,6 +60,8 @@ pub enum CliError {
     Bench(numakv_bench::BenchError),
     /// Writing the output failed (other than a closed pipe, which ends the command quietly).
     Output(io::Error),
+    /// `serve` could not start (e.g. the address is in use) or stop.
+    Serve(numakv_server::ServerError),
 }
 
 impl CliError {
@@ -68,6 +71,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => Exit::Usage,
             CliError::Output(_) => Exit::Store,
+            CliError::Serve(_) => Exit::Store,
             CliError::Bench(e) => {
                 use numakv_bench::BenchError as B;
                 match e {
@@ -102,6 +106,7 @@ impl fmt::Display for CliError {
             CliError::Store(e) => write!(f, "{e}"),
             CliError::Bench(e) => write!(f, "{e}"),
             CliError::Output(e) => write!(f, "writing output: {e}"),
+            CliError::Serve(e) => write!(f, "{e}"),
         }
     }
 }
@@ -123,6 +128,15 @@ impl From<numakv::IndexError> for CliError {
 impl From<numakv_bench::BenchError> for CliError {
     fn from(e: numakv_bench::BenchError) -> Self {
         CliError::Bench(e)
+    }
+}
+
+impl From<numakv_server::ServerError> for CliError {
+    fn from(e: numakv_server::ServerError) -> Self {
+        match e {
+            numakv_server::ServerError::Store(e) => CliError::Store(e),
+            e => CliError::Serve(e),
+        }
     }
 }
 

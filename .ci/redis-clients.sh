@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Real Redis clients against `numakv serve` (issue 23): redis-cli commands, redis-benchmark, a
+# SIGKILL after acknowledged writes, SIGTERM, and three servers behind nutcracker (twemproxy).
+# Every missing tool and every unexpected reply FAILS the script; nothing is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail() { echo "redis-clients: FAIL: $*" >&2; exit 1; }
+for tool in redis-cli redis-benchmark nutcracker; do
+    command -v "$tool" >/dev/null || fail "$tool is not installed (apt-get install redis-tools nutcracker)"
+done
+
+cargo build --release -q -p numakv-cli --bin numakv
+NUMAKV=$PWD/target/release/numakv
+base=/dev/shm; [ -w "$base" ] || base=${TMPDIR:-/tmp}
+work=$(mktemp -d "$base/numakv-redis-ci.XXXXXX")
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do { kill -9 "$p" && wait "$p"; } 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A free port per server: ask the kernel for one.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# start NAME ENGINE PORT: numakv serve on a bytes store in $work/NAME (created if new).
+start() {
+    "$NUMAKV" serve "$work/$1" --create --engine "$2" --capacity 256M --bind "127.0.0.1:$3" \
+        --threads 2 >"$work/$1.log" 2>&1 &
+    last_pid=$!
+    pids+=("$last_pid")
+    for _ in $(seq 1 200); do
+        grep -q "^listening on" "$work/$1.log" 2>/dev/null && return 0
+        kill -0 "$last_pid" 2>/dev/null || { cat "$work/$1.log"; fail "numakv serve $1 exited"; }
+        sleep 0.05
+    done
+    fail "numakv serve $1 did not start"
+}
+
+expect() { # expect WANT CMD...: the command's output must be exactly WANT
+    local want=$1; shift
+    local got; got=$("$@" 2>&1) || fail "'$*' exited $?: $got"
+    [ "$got" = "$want" ] || fail "'$*': expected [$want], got [$got]"
+}
+
+echo "== redis-cli against numakv serve"
+port=$(free_port)
+start main fastfair "$port"
+main_pid=$last_pid
+R=(redis-cli -p "$port")
+expect PONG "${R[@]}" ping
+expect OK "${R[@]}" set user:1 hello
+expect hello "${R[@]}" get user:1
+expect 6 "${R[@]}" append user:1 '!'
+expect 6 "${R[@]}" strlen user:1
+expect 1 "${R[@]}" incr n
+expect 11 "${R[@]}" incrby n 10
+expect 10 "${R[@]}" decr n
+expect OK "${R[@]}" mset a 1 b 2
+expect $'1\n\n2' "${R[@]}" mget a zz b
+expect 2 "${R[@]}" exists a b
+expect "" "${R[@]}" set user:1 x nx
+expect $'a\nb\nn\nuser:1' "${R[@]}" keys '*'
+expect $'a\nb\nn\nuser:1' "${R[@]}" --scan
+expect 4 "${R[@]}" dbsize
+expect 1 "${R[@]}" del a
+expect save "${R[@]}" config get save
+expect "ERR unknown command 'nosuch', with args beginning with: 'x' " "${R[@]}" nosuch x
+expect "ERR wrong number of arguments for 'get' command" "${R[@]}" get
+expect "ERR SET EX is not supported: numakv keys do not expire" "${R[@]}" set k v ex 5
+"${R[@]}" info numakv | grep -q '^engine:fastfair' || fail "INFO numakv lacks the engine"
+"${R[@]}" info keyspace | grep -q '^db0:keys=3,' || fail "INFO keyspace lacks db0"
+expect OK "${R[@]}" flushdb
+expect 0 "${R[@]}" dbsize
+
+echo "== redis-benchmark -t ping,set,get,mset,incr -n 50000 -P 16 -q"
+redis-benchmark -p "$port" -t ping,set,get,mset,incr -n 50000 -P 16 -q >"$work/bench.out" 2>&1 \
+    || { cat "$work/bench.out"; fail "redis-benchmark exited $?"; }
+tr '\r' '\n' <"$work/bench.out" | grep "requests per second" | tee "$work/bench.lines"
+grep -qi "error" "$work/bench.out" && { cat "$work/bench.out"; fail "redis-benchmark saw errors"; }
+for t in PING_INLINE PING_MBULK SET GET INCR "MSET (10 keys)"; do
+    grep -q "^ *$t: .* requests per second" "$work/bench.lines" || fail "redis-benchmark: no result for $t"
+done
+
+echo "== SIGKILL after acknowledged writes, restart, read back"
+expect OK "${R[@]}" flushdb
+n=2000
+for i in $(seq 1 $n); do printf 'SET ack:%05d v%d\r\n' "$i" "$i"; done >"$work/sets.txt"
+"${R[@]}" --pipe <"$work/sets.txt" >"$work/pipe.out" 2>&1 || { cat "$work/pipe.out"; fail "redis-cli --pipe"; }
+grep -q "errors: 0, replies: $n" "$work/pipe.out" || { cat "$work/pipe.out"; fail "not every SET acknowledged"; }
+kill -9 "$main_pid"; wait "$main_pid" 2>/dev/null || true
+start main fastfair "$port"
+main_pid=$last_pid
+grep -q "not closed cleanly" "$work/main.log" || fail "restart after SIGKILL did not recover"
+expect "$n" "${R[@]}" dbsize
+keys=$(for i in $(seq 1 $n); do printf 'ack:%05d ' "$i"; done)
+want=$(for i in $(seq 1 $n); do echo "v$i"; done)
+# shellcheck disable=SC2086
+expect "$want" "${R[@]}" mget $keys
+
+echo "== SIGTERM closes the store cleanly"
+kill -TERM "$main_pid"
+wait "$main_pid" || fail "numakv serve exited $? on SIGTERM"
+grep -q "store closed cleanly" "$work/main.log" || fail "no clean close on SIGTERM"
+"$NUMAKV" inspect "$work/main" | grep -qi "clean" || fail "inspect after SIGTERM"
+
+echo "== three numakv serve behind nutcracker (ketama)"
+ports=()
+for s in 1 2 3; do
+    p=$(free_port); ports+=("$p")
+    start "shard$s" nbtree "$p"
+done
+proxy=$(free_port)
+sed -e "s/@PROXY@/$proxy/" -e "s/@S1@/${ports[0]}/" -e "s/@S2@/${ports[1]}/" -e "s/@S3@/${ports[2]}/" \
+    deploy/nutcracker-local.yml >"$work/nutcracker.yml"
+nutcracker -t -c "$work/nutcracker.yml" >/dev/null 2>&1 || fail "nutcracker rejects the config"
+nutcracker -c "$work/nutcracker.yml" -o "$work/nutcracker.log" &
+pids+=("$!")
+P=(redis-cli -p "$proxy")
+for _ in $(seq 1 100); do "${P[@]}" set probe 1 >/dev/null 2>&1 && break; sleep 0.05; done
+expect OK "${P[@]}" set probe 1
+redis-benchmark -p "$proxy" -t set,get,incr -n 20000 -P 16 -q >"$work/proxy-bench.out" 2>&1 \
+    || { cat "$work/proxy-bench.out"; fail "redis-benchmark through nutcracker exited $?"; }
+tr '\r' '\n' <"$work/proxy-bench.out" | grep "requests per second"
+grep -qi "error" "$work/proxy-bench.out" && { cat "$work/proxy-bench.out"; fail "errors through nutcracker"; }
+m=300
+# Not --pipe: it ends with an ECHO, which twemproxy does not forward.
+for i in $(seq 1 $m); do printf 'SET shard:%04d s%d\n' "$i" "$i"; done >"$work/sets2.txt"
+"${P[@]}" <"$work/sets2.txt" >"$work/sets2.out" 2>&1 || { cat "$work/sets2.out"; fail "SETs through nutcracker"; }
+[ "$(grep -c '^OK$' "$work/sets2.out")" -eq "$m" ] || { cat "$work/sets2.out"; fail "not every SET through nutcracker acknowledged"; }
+for i in $(seq 1 $m); do
+    k=$(printf 'shard:%04d' "$i")
+    [ "$("${P[@]}" get "$k")" = "s$i" ] || fail "$k not readable through nutcracker"
+done
+: >"$work/found"
+for p in "${ports[@]}"; do
+    c=$(redis-cli -p "$p" --scan --pattern 'shard:*' | tee -a "$work/found" | wc -l)
+    echo "backend :$p holds $c of $m shard:* keys (DBSIZE $(redis-cli -p "$p" dbsize))"
+    [ "$c" -gt 0 ] || fail "backend :$p got no keys: not spread"
+done
+[ "$(wc -l <"$work/found")" -eq "$m" ] || fail "keys found $(wc -l <"$work/found") times on the backends, want $m"
+[ "$(sort -u "$work/found" | wc -l)" -eq "$m" ] || fail "a key is on more than one backend"
+echo "redis-clients: all checks passed"
