@@ -11,24 +11,43 @@ fn profile_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-#[test]
-fn a_c_program_creates_fills_scans_crashes_and_reopens_stores() {
+/// Compiles `c/<name>.c` into `dir` with warnings as errors; returns the binary.
+fn compile(name: &str, dir: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = profile_dir().join("libnumakv.a");
     assert!(lib.exists(), "{} not built", lib.display());
-    let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("numakv_c_test");
+    let bin = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
         .arg(root.join("../../include"))
-        .arg(root.join("c/test.c"))
+        .arg(root.join(format!("c/{name}.c")))
         .arg(&lib)
         .args(["-lpthread", "-ldl", "-lm", "-o"])
         .arg(&bin)
         .output()
         .unwrap_or_else(|e| panic!("running the C compiler {cc:?}: {e}"));
-    assert!(out.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "cc {name}.c failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    bin
+}
+
+#[test]
+fn the_c_example_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("example", tmp.path());
+    let run = Command::new(&bin).arg(tmp.path().join("store")).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let text = String::from_utf8(run.stdout).unwrap();
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        ["95 -> 9025", "96 -> 9216", "97 -> 9409", "98 -> 9604", "99 -> 9801", "100 -> 10000"]
+    );
+}
+
+#[test]
+fn a_c_program_creates_fills_scans_crashes_and_reopens_stores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("test", tmp.path());
     // NStore opens a log file per hash cluster and node: fewer clusters fit the small pools.
     let engines = [
         ("fastfair", "nodes=2,capacity=64M"),
