@@ -1,0 +1,72 @@
+//! Compiles `c/test.c` with the system C compiler against `include/numakv.h` and `libnumakv.a`,
+//! and runs it for several engines: create, fill, scan, crash (fork + SIGKILL) and reopen, on an
+//! integer and a bytes store, as a C program sees the library.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `target/<profile>`: where cargo put `libnumakv.a` beside this test's `deps/` directory.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// Compiles `c/<name>.c` into `dir` with warnings as errors; returns the binary.
+fn compile(name: &str, dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = profile_dir().join("libnumakv.a");
+    assert!(lib.exists(), "{} not built", lib.display());
+    let bin = dir.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
+        .arg(root.join("../../include"))
+        .arg(root.join(format!("c/{name}.c")))
+        .arg(&lib)
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&bin)
+        .output()
+        .unwrap_or_else(|e| panic!("running the C compiler {cc:?}: {e}"));
+    assert!(out.status.success(), "cc {name}.c failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    bin
+}
+
+#[test]
+fn the_c_example_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("example", tmp.path());
+    let run = Command::new(&bin).arg(tmp.path().join("store")).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let text = String::from_utf8(run.stdout).unwrap();
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        ["95 -> 9025", "96 -> 9216", "97 -> 9409", "98 -> 9604", "99 -> 9801", "100 -> 10000"]
+    );
+}
+
+#[test]
+fn a_c_program_creates_fills_scans_crashes_and_reopens_stores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("test", tmp.path());
+    // NStore opens a log file per hash cluster and node: fewer clusters fit the small pools.
+    let engines = [
+        ("fastfair", "nodes=2,capacity=64M"),
+        ("nbtree", "nodes=2,capacity=64M"),
+        ("nstore", "nodes=2,capacity=64M,clusters=4"),
+        ("f3tree", "nodes=2,capacity=64M"),
+        ("nobtree", "nodes=2,capacity=64M"),
+        ("nap-fastfair", "nodes=2,capacity=64M"),
+    ];
+    for (engine, options) in engines {
+        let dir = tmp.path().join(engine);
+        let run = Command::new(&bin).arg(engine).arg(&dir).arg(options).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(run.status.success(), "{engine}: {text}");
+        assert!(text.contains("survived SIGKILL"), "{engine}: {text}");
+        eprint!("{text}");
+    }
+}

@@ -1,0 +1,42 @@
+"""numakv: NUMA-aware persistent-memory indexes (NOBtree, F3-tree, Nap, NBTree, NStore and
+FAST&FAIR) from Python.
+
+>>> import numakv, tempfile, os
+>>> d = os.path.join(tempfile.mkdtemp(), "store")
+>>> with numakv.Store.create(d, engine="nbtree", capacity="64M") as s:
+...     s.put(7, 49)
+...     s.get(7)
+49
+
+Integer stores map ints in 1..2**64-2 to ints; bytes stores (``bytes=True``) map bytes (or str,
+as UTF-8) keys of 1 B..1 KiB to values of up to 1 MiB, in byte order. ``numakv.bench.load``
+reads the benchmark driver's JSON.
+"""
+
+from ._native import (  # noqa: F401
+    ENGINES,
+    Closed,
+    Corrupted,
+    InvalidArgument,
+    NumakvError,
+    OutOfSpace,
+    StoreIoError,
+    Store,
+    TooLarge,
+    WrongKind,
+)
+from . import bench  # noqa: F401
+
+__all__ = [
+    "ENGINES",
+    "Closed",
+    "Corrupted",
+    "InvalidArgument",
+    "NumakvError",
+    "OutOfSpace",
+    "StoreIoError",
+    "Store",
+    "TooLarge",
+    "WrongKind",
+    "bench",
+]
