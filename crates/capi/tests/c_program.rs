@@ -5,17 +5,51 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `target/<profile>`: where cargo put `libnumakv.a` beside this test's `deps/` directory.
+/// `target/<profile>`: where cargo puts `libnumakv.a`, beside this test's `deps/` directory.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
+/// `libnumakv.a`, built for this test's profile and target directory. `cargo test` builds a
+/// library target only as an rlib for the tests to link, and this crate has none (it is a C
+/// library), so the test asks cargo for the static library itself, once.
+fn static_library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let profile = profile_dir();
+            let target_dir = profile.parent().unwrap();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "-p", "numakv-capi", "--target-dir"]).arg(target_dir);
+            match profile.file_name().and_then(|n| n.to_str()) {
+                Some("debug") => {}
+                Some("release") => {
+                    cmd.arg("--release");
+                }
+                Some(other) => {
+                    cmd.args(["--profile", other]);
+                }
+                None => panic!("no profile directory above {}", profile.display()),
+            }
+            let out = cmd.output().expect("cargo runs");
+            assert!(
+                out.status.success(),
+                "cargo build -p numakv-capi failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let lib = profile.join("libnumakv.a");
+            assert!(lib.exists(), "{} not built", lib.display());
+            lib
+        })
+        .clone()
+}
+
 /// Compiles `c/<name>.c` into `dir` with warnings as errors; returns the binary.
 fn compile(name: &str, dir: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = profile_dir().join("libnumakv.a");
-    assert!(lib.exists(), "{} not built", lib.display());
+    let lib = static_library();
     let bin = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)

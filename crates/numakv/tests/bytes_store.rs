@@ -4,7 +4,9 @@
 use numakv::{BytesStore, EngineKind, Error, IndexError, Options, Store, StoreKind};
 
 fn opts() -> Options {
-    Options::default().nodes(2).capacity_per_node(64 << 20)
+    // 128 MiB: NStore refuses pools below its minimum (a first file per cluster and node plus
+    // the GC reserve, about 97 MiB at the defaults); the node files are sparse.
+    Options::default().nodes(2).capacity_per_node(128 << 20)
 }
 
 #[test]
