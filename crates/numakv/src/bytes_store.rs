@@ -10,15 +10,18 @@ use numakv_bytes::{ByteMap, Bytes};
 use numakv_index::{CheckReport, Engine, RecoveryReport};
 use numakv_pmem::{Header, OpenConfig, Pool, PoolConfig};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::options::Options;
 use crate::registry::{EngineConfig, EngineKind, WithEngine};
-use crate::store::{engine_options, remove_fresh_pool, store_info, Store, StoreInfo, StoreKind};
+use crate::store::{
+    engine_of, engine_options, prepare, remove_fresh_pool, store_info, StoreInfo, StoreKind,
+};
 
 /// A store of byte-string keys (1 B ..= 1 KiB, ordered by memcmp) and values (0 B ..= 1 MiB)
 /// over any engine: the byte-string layer ([`numakv_bytes`]) on the engine's index, in one
-/// directory of node files like a [`Store`]. The header records it as a bytes store; opening it
-/// as an integer [`Store`], or an integer store as a `BytesStore`, is [`Error::StoreKind`].
+/// directory of node files like a [`Store`](crate::Store). The header records it as a bytes
+/// store; opening it as an integer `Store`, or an integer store as a `BytesStore`, is
+/// [`Error::StoreKind`](crate::Error::StoreKind).
 ///
 /// ```
 /// use numakv::{BytesStore, EngineKind, Options, Store};
@@ -124,12 +127,7 @@ impl BytesStore {
     /// already hold a store).
     pub fn create(dir: impl AsRef<Path>, kind: EngineKind, opts: Options) -> Result<BytesStore> {
         let dir = dir.as_ref();
-        if let Some(given) = &opts.engine {
-            if given.kind() != kind {
-                return Err(Error::OptionsMismatch { store: kind, given: given.kind() });
-            }
-        }
-        opts.apply_process_knobs();
+        prepare(kind, &opts)?;
         let map = kind.with(Create { dir, opts: &opts })?;
         Ok(BytesStore { map, kind, dir: dir.to_path_buf(), recovery: None })
     }
@@ -142,20 +140,8 @@ impl BytesStore {
     /// Opens the bytes store in `dir` with the session options of `opts`.
     pub fn open_with(dir: impl AsRef<Path>, opts: &Options) -> Result<BytesStore> {
         let dir = dir.as_ref();
-        let (kind, store_kind) = Store::kind_of(dir)?;
-        if store_kind != StoreKind::Bytes {
-            return Err(Error::StoreKind {
-                dir: dir.to_path_buf(),
-                found: store_kind,
-                wanted: StoreKind::Bytes,
-            });
-        }
-        if let Some(given) = &opts.engine {
-            if given.kind() != kind {
-                return Err(Error::OptionsMismatch { store: kind, given: given.kind() });
-            }
-        }
-        opts.apply_process_knobs();
+        let kind = engine_of(dir, StoreKind::Bytes)?;
+        prepare(kind, opts)?;
         let (map, report) = kind.with(Open { dir, opts })?;
         Ok(BytesStore { map, kind, dir: dir.to_path_buf(), recovery: Some(report) })
     }

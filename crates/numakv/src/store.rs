@@ -193,17 +193,33 @@ where
     }
 }
 
+/// Before a create or an open of a `kind` store: refuses options of another engine, then
+/// installs the process-wide knobs of `opts` (accounting, latency).
+pub(crate) fn prepare(kind: EngineKind, opts: &Options) -> Result<()> {
+    if let Some(given) = &opts.engine {
+        if given.kind() != kind {
+            return Err(Error::OptionsMismatch { store: kind, given: given.kind() });
+        }
+    }
+    opts.apply_process_knobs();
+    Ok(())
+}
+
+/// The engine of the store in `dir`, which must hold `wanted` data (integer or bytes).
+pub(crate) fn engine_of(dir: &Path, wanted: StoreKind) -> Result<EngineKind> {
+    let (kind, found) = Store::kind_of(dir)?;
+    if found != wanted {
+        return Err(Error::StoreKind { dir: dir.to_path_buf(), found, wanted });
+    }
+    Ok(kind)
+}
+
 impl Store {
     /// Creates a store of engine `kind` in `dir` (created if missing; it must not already hold a
     /// store). See [`Options`] for the geometry, persistence mode and engine options.
     pub fn create(dir: impl AsRef<Path>, kind: EngineKind, opts: Options) -> Result<Store> {
         let dir = dir.as_ref();
-        if let Some(given) = &opts.engine {
-            if given.kind() != kind {
-                return Err(Error::OptionsMismatch { store: kind, given: given.kind() });
-            }
-        }
-        opts.apply_process_knobs();
+        prepare(kind, &opts)?;
         let engine = kind.with(Create { dir, opts: &opts })?;
         Ok(Store { engine, kind, dir: dir.to_path_buf(), recovery: None })
     }
@@ -218,20 +234,8 @@ impl Store {
     /// accounting, latency, per-session engine options); the shape fields of `opts` are ignored.
     pub fn open_with(dir: impl AsRef<Path>, opts: &Options) -> Result<Store> {
         let dir = dir.as_ref();
-        let (kind, store_kind) = Self::kind_of(dir)?;
-        if store_kind != StoreKind::Integer {
-            return Err(Error::StoreKind {
-                dir: dir.to_path_buf(),
-                found: store_kind,
-                wanted: StoreKind::Integer,
-            });
-        }
-        if let Some(given) = &opts.engine {
-            if given.kind() != kind {
-                return Err(Error::OptionsMismatch { store: kind, given: given.kind() });
-            }
-        }
-        opts.apply_process_knobs();
+        let kind = engine_of(dir, StoreKind::Integer)?;
+        prepare(kind, opts)?;
         let (engine, report) = kind.with(Open { dir, opts })?;
         Ok(Store { engine, kind, dir: dir.to_path_buf(), recovery: Some(report) })
     }
