@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// Connections served at once; more are refused with "ERR max number of clients reached".
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub max_clients: usize,
+    /// Count PM lines read and written (local and remote), flushes and fences of every command
+    /// and report them, with the remote share, in `INFO numakv` (costs per line counted).
+    #[arg(long)]
+    pub accounting: bool,
 }
 
 /// `--json` after a store command (the same as before it).

@@ -48,6 +48,7 @@ pub fn serve(a: &ServeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         threads: a.threads,
         max_clients: a.max_clients,
         signals: true,
+        accounting: a.accounting,
         ..Config::default()
     };
     let server = Server::start(store, config)?;

@@ -96,6 +96,26 @@ fn section(sh: &Shared, sec: &str, s: &mut String) {
             for (node, b) in st.pm_bytes_per_node.iter().enumerate() {
                 let _ = write!(s, "pm_bytes_node{node}:{b}\r\n");
             }
+            if numakv_pmem::account::enabled() {
+                // Every accounted thread of the process since accounting went on (`serve
+                // --accounting`): the workers' commands and the engine's background threads.
+                let a = numakv_pmem::account::global_stats();
+                let _ = write!(
+                    s,
+                    "pm_accounting:on\r\npm_accounted_ops:{}\r\npm_lines_read:{}\r\n\
+                     pm_lines_written:{}\r\npm_remote_lines:{}\r\npm_remote_share:{:.4}\r\n\
+                     pm_flushes:{}\r\npm_fences:{}\r\n",
+                    a.ops,
+                    a.reads(),
+                    a.writes(),
+                    a.reads_remote + a.writes_remote,
+                    a.remote_share(),
+                    a.flushes,
+                    a.fences,
+                );
+            } else {
+                s.push_str("pm_accounting:off\r\n");
+            }
         }
         _ => {}
     }

@@ -73,6 +73,9 @@ pub struct Config {
     /// Pin workers to their slot's CPU (`None`: the registry's default, on only for real
     /// multi-node machines).
     pub pin: Option<bool>,
+    /// Count PM lines (local and remote), flushes and fences of every command for INFO's numakv
+    /// section (the substrate's accounting: process-wide, and it costs per line counted).
+    pub accounting: bool,
 }
 
 impl Default for Config {
@@ -91,6 +94,7 @@ impl Default for Config {
             },
             signals: false,
             pin: None,
+            accounting: false,
         }
     }
 }
@@ -197,6 +201,9 @@ impl Server {
     /// Binds `config.bind`, starts the workers and begins accepting. The store is closed when
     /// [`wait`](Self::wait) returns.
     pub fn start(store: BytesStore, config: Config) -> Result<Server, ServerError> {
+        if config.accounting {
+            numakv_pmem::account::set_enabled(true);
+        }
         let (runtime, listener, addr, threads) = match Self::prepare(&store, &config) {
             Ok(parts) => parts,
             Err(e) => {
@@ -381,6 +388,13 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
     }
 }
 
+/// Runs one command; a command is one accounted operation (`serve --accounting`; one relaxed
+/// load when accounting is off).
+fn dispatch_counted(sh: &Shared, conn: &mut Conn, args: &[bytes::Bytes], out: &mut Out) -> Flow {
+    let flow = commands::dispatch(sh, conn, args, out);
+    numakv_pmem::account::op_end();
+    flow
+}
 /// Serves one connection: reads requests, runs every complete one in the buffer (pipelining),
 /// writes the replies in one go.
 async fn connection(sh: &Shared, mut sock: TcpStream, id: u64) -> io::Result<()> {
@@ -393,7 +407,7 @@ async fn connection(sh: &Shared, mut sock: TcpStream, id: u64) -> io::Result<()>
         loop {
             match request::parse(&mut inbuf, &sh.config.limits) {
                 Ok(Some(args)) if args.is_empty() => {}
-                Ok(Some(args)) => match commands::dispatch(sh, &mut conn, &args, &mut out) {
+                Ok(Some(args)) => match dispatch_counted(sh, &mut conn, &args, &mut out) {
                     Flow::Continue => {
                         if out.buf.len() >= FLUSH_AT {
                             sock.write_all(&out.buf).await?;
