@@ -24,7 +24,9 @@
 
 use numakv_index::{Error, Result, MAX_KEY, MIN_KEY};
 use numakv_pmem::heap::OWNER_ENGINE;
-use numakv_pmem::{account, PPtr, Pool};
+use std::sync::atomic::Ordering;
+
+use numakv_pmem::{account, PPtr, PmU64, Pool};
 
 /// Name for errors.
 pub(crate) const LAYER: &str = "bytes";
@@ -88,7 +90,48 @@ fn corrupted(at: PPtr, what: impl std::fmt::Display) -> Error {
     Error::corrupted(LAYER, format!("bucket record at {at}: {what}"))
 }
 
-/// A published bucket record, read in place.
+/// Magic of an inner node ("NKI1" little-endian).
+pub const INNER_MAGIC: u32 = u32::from_le_bytes(*b"NKI1");
+/// Bytes of an inner node's child slot.
+pub const SLOT_BYTES: usize = 8;
+/// Bytes of an inner node's separator end offset.
+pub const SEP_END_BYTES: usize = 4;
+
+/// A published node of a prefix's tree, read in place: a leaf (bucket record) or an inner node.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Node<'g> {
+    Leaf(Record<'g>),
+    Inner(Inner<'g>),
+}
+
+impl<'g> Node<'g> {
+    /// The node at `p`, its header validated.
+    ///
+    /// # Safety
+    /// `p` must have been published (reached through the index and the tree while pinned, or
+    /// under the stripe lock of its index key) and must not be freed during `'g`: the caller is
+    /// pinned in the epoch since before it read `p`, or holds the stripe lock of its index key.
+    /// Published nodes are never written again except an inner node's child slots, which are
+    /// atomics and never covered by a shared slice here.
+    pub(crate) unsafe fn at(pool: &'g Pool, p: PPtr) -> Result<Node<'g>> {
+        let head = pool.bytes(p, HEADER_BYTES)?;
+        let mut h = [0u8; HEADER_BYTES];
+        // SAFETY: the header of a published node is immutable (contract above).
+        unsafe { head.read(0, &mut h) };
+        let magic = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+        let count = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        let len = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        match magic {
+            // SAFETY: forwarded contract.
+            RECORD_MAGIC => Ok(Node::Leaf(unsafe { Record::with(pool, p, count, len)? })),
+            // SAFETY: forwarded contract.
+            INNER_MAGIC => Ok(Node::Inner(unsafe { Inner::with(pool, p, count, len)? })),
+            _ => Err(corrupted(p, format_args!("magic {magic:#x}"))),
+        }
+    }
+}
+
+/// A published bucket record (a leaf of a prefix's tree), read in place.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Record<'g> {
     at: PPtr,
@@ -97,24 +140,11 @@ pub(crate) struct Record<'g> {
 }
 
 impl<'g> Record<'g> {
-    /// The record at `p`, its header validated.
+    /// The record at `p` whose header says `count` entries and `len` bytes.
     ///
     /// # Safety
-    /// `p` must have been published (reached through the index, or under the stripe lock that
-    /// publishes it) and must not be freed during `'g`: the caller is pinned in the epoch since
-    /// before it read `p` from the index, or holds the stripe lock of its index key. Published
-    /// records are never written again, so the shared slice does not alias a writer.
-    pub(crate) unsafe fn at(pool: &'g Pool, p: PPtr) -> Result<Record<'g>> {
-        let head = pool.bytes(p, HEADER_BYTES)?;
-        let mut h = [0u8; HEADER_BYTES];
-        // SAFETY: the record is published and immutable (contract above): no concurrent writer.
-        unsafe { head.read(0, &mut h) };
-        let magic = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
-        let count = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-        let len = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
-        if magic != RECORD_MAGIC {
-            return Err(corrupted(p, format_args!("magic {magic:#x}")));
-        }
+    /// As for [`Node::at`]; the record is immutable while published.
+    unsafe fn with(pool: &'g Pool, p: PPtr, count: u32, len: u64) -> Result<Record<'g>> {
         let len = usize::try_from(len)
             .ok()
             .filter(|&l| l > HEADER_BYTES + ENTRY_HEADER_BYTES && count >= 1)
@@ -128,9 +158,19 @@ impl<'g> Record<'g> {
         Ok(Record { at: p, bytes, count })
     }
 
+    /// Where the record lives.
+    pub(crate) fn at_ptr(&self) -> PPtr {
+        self.at
+    }
+
     /// Entries, ascending.
     pub(crate) fn entries(&self) -> Entries<'g> {
         Entries { at: self.at, bytes: self.bytes, off: HEADER_BYTES, left: self.count }
+    }
+
+    /// Bytes of the record, header included.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
     }
 
     /// Entries in the record.
@@ -252,6 +292,173 @@ pub(crate) unsafe fn write_record(
     // which follows, is durable when it returns): a reachable record is always complete.
     pool.persist(dst.as_ptr(), len);
     Ok(())
+}
+
+/// A published inner node of a prefix's tree, read in place. Its header, separator offsets and
+/// separators are immutable; its child slots are atomics a writer of the prefix may replace in
+/// place (one 8-byte store, persisted), so they are read through [`PmU64`], never as bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Inner<'g> {
+    pool: &'g Pool,
+    at: PPtr,
+    count: usize,
+    /// Bytes `[SLOTS + 8 * count, len)` of the node: the separator end offsets, then the
+    /// separators.
+    tail: &'g [u8],
+}
+
+impl<'g> Inner<'g> {
+    /// The inner node at `p` whose header says `count` children and `len` bytes.
+    ///
+    /// # Safety
+    /// As for [`Node::at`].
+    unsafe fn with(pool: &'g Pool, p: PPtr, count: u32, len: u64) -> Result<Inner<'g>> {
+        let count = count as usize;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| count >= 1 && l >= inner_fixed_bytes(count))
+            .ok_or_else(|| corrupted(p, format_args!("inner length {len}, count {count}")))?;
+        let all = pool.bytes(p, len)?;
+        let tail_off = HEADER_BYTES + SLOT_BYTES * count;
+        // SAFETY: `pool.bytes` checked that the `len` bytes are mapped inside the pool, which
+        // outlives 'g; bytes from `tail_off` on are immutable while the node is published and it
+        // is not freed during 'g (the caller's contract); the slice leaves out the slots, which
+        // writers may store to.
+        let tail =
+            unsafe { std::slice::from_raw_parts(all.as_ptr().add(tail_off), len - tail_off) };
+        // Only the header line and the lines the search probes are accounted: see `find_child`.
+        Ok(Inner { pool, at: p, count, tail })
+    }
+
+    /// Where the node lives.
+    pub(crate) fn at_ptr(&self) -> PPtr {
+        self.at
+    }
+
+    /// Children.
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Child slot `i` (`i < count`).
+    pub(crate) fn slot(&self, i: usize) -> Result<&'g PmU64> {
+        debug_assert!(i < self.count);
+        let off = (HEADER_BYTES + SLOT_BYTES * i) as u64;
+        let p = self.at.add(off).ok_or_else(|| corrupted(self.at, "slot offset overflows"))?;
+        Ok(self.pool.get::<PmU64>(p)?)
+    }
+
+    /// Child `i`: the node its slot points to now.
+    pub(crate) fn child(&self, i: usize) -> Result<PPtr> {
+        // ORDERING: Acquire pairs with the Release store that linked the child: its contents
+        // (written and persisted before) are visible.
+        let raw = self.slot(i)?.load(Ordering::Acquire);
+        if raw == 0 {
+            return Err(corrupted(self.at, format_args!("child {i} is null")));
+        }
+        Ok(PPtr::from_raw(raw))
+    }
+
+    /// Separator `i`: the least key child `i` may hold (empty for child 0, which is bounded
+    /// only by the node's own range).
+    pub(crate) fn sep(&self, i: usize) -> Result<&'g [u8]> {
+        if i == 0 {
+            return Ok(&[]);
+        }
+        let end = |j: usize| -> Result<usize> {
+            let o = SEP_END_BYTES * j;
+            let b = self
+                .tail
+                .get(o..o + SEP_END_BYTES)
+                .ok_or_else(|| corrupted(self.at, "separator offsets past the end"))?;
+            Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        };
+        let base = HEADER_BYTES + SLOT_BYTES * self.count;
+        let (from, to) = (end(i - 1)?, end(i)?);
+        let sep = from
+            .checked_sub(base)
+            .zip(to.checked_sub(base))
+            .and_then(|(f, t)| self.tail.get(f..t))
+            .filter(|s| !s.is_empty() && s.len() <= MAX_KEY_LEN)
+            .ok_or_else(|| corrupted(self.at, format_args!("separator {i} at {from}..{to}")))?;
+        account::record_read(self.tail.as_ptr() as usize + SEP_END_BYTES * (i - 1), 8);
+        account::record_read(sep.as_ptr() as usize, sep.len());
+        Ok(sep)
+    }
+
+    /// The child whose range holds `key`: the last `i` with `sep(i) <= key`.
+    pub(crate) fn find_child(&self, key: &[u8]) -> Result<usize> {
+        let (mut lo, mut hi) = (0, self.count);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.sep(mid)? <= key {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+}
+
+/// Bytes of an inner node of `count` children without its separators.
+#[inline]
+pub(crate) fn inner_fixed_bytes(count: usize) -> usize {
+    HEADER_BYTES + (SLOT_BYTES + SEP_END_BYTES) * count
+}
+
+/// Writes an inner node over `children` — `(separator, child)` pairs, ascending, the first
+/// separator ignored (stored empty) — into the fresh block `p` of [`inner_bytes`] bytes, then
+/// persists it.
+///
+/// # Safety
+/// `p` must be a block of at least that many bytes just allocated and not yet published.
+pub(crate) unsafe fn write_inner(pool: &Pool, p: PPtr, children: &[(Vec<u8>, u64)]) -> Result<()> {
+    let count = children.len();
+    let len = inner_bytes(children);
+    let dst = pool.bytes(p, len)?;
+    let mut h = [0u8; HEADER_BYTES];
+    h[0..4].copy_from_slice(&INNER_MAGIC.to_le_bytes());
+    h[4..8].copy_from_slice(&(count as u32).to_le_bytes());
+    h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    let mut ok = true;
+    // SAFETY: `p` is unpublished and ours alone (the caller's contract); `write` bounds-checks
+    // each range against the `len` bytes of `dst`. The same holds for the writes below.
+    ok &= unsafe { dst.write(0, &h) };
+    let ends_at = HEADER_BYTES + SLOT_BYTES * count;
+    let mut sep_off = inner_fixed_bytes(count);
+    for (i, (sep, child)) in children.iter().enumerate() {
+        if i > 0 {
+            // SAFETY: as above.
+            ok &= unsafe { dst.write(sep_off, sep) };
+            sep_off += sep.len();
+        }
+        // SAFETY: as above.
+        unsafe {
+            ok &= dst.write(HEADER_BYTES + SLOT_BYTES * i, &child.to_le_bytes());
+            ok &= dst.write(ends_at + SEP_END_BYTES * i, &(sep_off as u32).to_le_bytes());
+        }
+    }
+    if !ok || sep_off != len {
+        return Err(Error::corrupted(LAYER, format!("inner build: {sep_off} of {len} bytes")));
+    }
+    // PERSIST: the whole node is durable before a slot or the index points at it.
+    pool.persist(dst.as_ptr(), len);
+    Ok(())
+}
+
+/// Bytes of an inner node over `children` (the first separator not stored).
+pub(crate) fn inner_bytes(children: &[(Vec<u8>, u64)]) -> usize {
+    inner_fixed_bytes(children.len()) + children.iter().skip(1).map(|(s, _)| s.len()).sum::<usize>()
+}
+
+/// The shortest key `s` with `left < s <= right` (`left < right`): the separator of two
+/// neighbouring leaves, as short as their keys allow (suffix truncation).
+pub(crate) fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
+    debug_assert!(left < right);
+    let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
+    // `right` is longer than the common part: were it a prefix of `left`, it would sort first.
+    right[..(common + 1).min(right.len())].to_vec()
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ pub mod recovery;
 mod scan;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod tree;
 
 use std::fmt;
 use std::sync::Arc;
@@ -51,6 +52,7 @@ use numakv_pmem::{EngineId, Pool};
 
 pub use crate::layout::{MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::scan::{prefix_end, Scan};
+pub use crate::tree::TreeLimits;
 
 /// Name prefix of a bytes store's engine in the pool header: `bytes-<engine>` (e.g.
 /// `bytes-fastfair`, `bytes-nap-nbtree`). Its presence is what makes a store a bytes store.
@@ -111,6 +113,7 @@ pub struct Bytes<E: Index> {
     pool: Arc<Pool>,
     nsm: Arc<Nsm>,
     stripes: ops::Stripes,
+    limits: TreeLimits,
 }
 
 impl<E: Index> fmt::Debug for Bytes<E> {
@@ -123,6 +126,19 @@ impl<E: Index> Bytes<E> {
     /// The engine underneath.
     pub fn index(&self) -> &E {
         &self.index
+    }
+
+    /// When a prefix's leaves and inner nodes split ([`TreeLimits`]; the default suits most
+    /// stores). Not persisted: any tree shape is valid under any limits.
+    pub fn tree_limits(&self) -> TreeLimits {
+        self.limits
+    }
+
+    /// Sets the split limits (tests use tiny ones to grow deep trees from few keys).
+    pub fn set_tree_limits(&mut self, limits: TreeLimits) -> Result<()> {
+        limits.validate()?;
+        self.limits = limits;
+        Ok(())
     }
 }
 

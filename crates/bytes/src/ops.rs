@@ -21,9 +21,15 @@ use numakv_pmem::alloc::{epoch, retire, PmAllocator};
 use numakv_pmem::PPtr;
 use parking_lot::Mutex;
 
+use std::sync::atomic::Ordering;
+
+use numakv_pmem::alloc::nsm::Nsm;
+
 use crate::layout::{
-    check_key, check_value, entry_bytes, index_key, write_record, Record, HEADER_BYTES, LAYER,
+    check_key, check_value, entry_bytes, index_key, inner_bytes, write_inner, write_record, Inner,
+    Node, Record, HEADER_BYTES, LAYER,
 };
+use crate::tree;
 use crate::Bytes;
 
 /// Stripe locks (a power of two).
@@ -58,13 +64,12 @@ impl<E: Index> Bytes<E> {
     pub(crate) fn read(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         check_key(key)?;
         let x = index_key(key);
-        // The pin comes before the engine read: a bucket unlinked after we read its pointer is
+        // The pin comes before the engine read: a node unlinked after we read its pointer is
         // retired after this pin and cannot be freed before we unpin.
         let _guard = epoch::pin();
         let Some(p) = self.index.get(x)? else { return Ok(false) };
-        // SAFETY: `p` was read from the index while pinned (Record::at's contract).
-        let rec = unsafe { Record::at(&self.pool, PPtr::from_raw(p))? };
-        match rec.find(key)? {
+        // SAFETY: `p` was read from the index while pinned (Node::at's contract).
+        match unsafe { tree::lookup(&self.pool, PPtr::from_raw(p), key)? } {
             Some(v) => {
                 out.clear();
                 out.extend_from_slice(v);
@@ -88,16 +93,33 @@ impl<E: Index> Bytes<E> {
         let _lock = self.stripes.of(x).lock();
         // Not pinned while the engine writes: an engine may wait for a grace period inside its
         // write (NBTree's SMO waits, unpinned itself, for Calloc log slots that come back only
-        // after one), which a pin held here would never let end. The old bucket needs no pin:
-        // only a writer of `x`, under this lock, retires it.
-        let old = self.index.get(x)?.map(PPtr::from_raw);
-        let rec = match old {
-            // SAFETY: `p` is the published bucket of `x`; we hold the stripe lock of `x`, so no
-            // writer can unlink and retire it while we read it.
-            Some(p) => Some(unsafe { Record::at(&self.pool, p)? }),
-            None => None,
-        };
-        let present = match &rec {
+        // after one), which a pin held here would never let end. The tree needs no pin: only a
+        // writer of `x`, under this lock, changes or retires its nodes.
+        let root = self.index.get(x)?.map(PPtr::from_raw);
+        // The path from the root to the leaf of `key`: (inner node, child taken).
+        let mut path: Vec<(Inner<'_>, usize)> = Vec::new();
+        let mut leaf = None;
+        if let Some(mut p) = root {
+            for _ in 0..tree::MAX_DEPTH {
+                // SAFETY: `p` is reachable from `x`'s root, and we hold the stripe lock of `x`:
+                // no writer can unlink and retire it while we read it.
+                match unsafe { Node::at(&self.pool, p)? } {
+                    Node::Leaf(r) => {
+                        leaf = Some(r);
+                        break;
+                    }
+                    Node::Inner(n) => {
+                        let i = n.find_child(key)?;
+                        p = n.child(i)?;
+                        path.push((n, i));
+                    }
+                }
+            }
+            if leaf.is_none() {
+                return Err(Error::corrupted(LAYER, format!("tree of {x:#x} too deep")));
+            }
+        }
+        let present = match &leaf {
             Some(r) => r.find(key)?.is_some(),
             None => false,
         };
@@ -109,48 +131,268 @@ impl<E: Index> Bytes<E> {
         if !proceed {
             return Ok(false);
         }
-        // The merged bucket: the old entries with `key` replaced (or dropped), `key` inserted in
-        // order. Sized first, then written, without a DRAM copy of the entries.
+        // The merged leaf: the old entries with `key` replaced (or dropped), `key` inserted in
+        // order. Sized first, without a DRAM copy of the entries.
         let mut len = HEADER_BYTES;
-        let mut count = 0u32;
-        merged(rec.as_ref(), key, value, &mut |k, v| {
+        let mut count = 0usize;
+        merged(leaf.as_ref(), key, value, &mut |k, v| {
             len += entry_bytes(k, v);
             count += 1;
         })?;
-        if count == 0 {
-            // The bucket's last key goes: unlink the prefix.
-            if !self.index.remove(x)? {
-                return Err(Error::corrupted(
-                    LAYER,
-                    format!("index key {x:#x} vanished under its stripe lock"),
-                ));
-            }
-        } else {
+        if count > 0 && (count == 1 || self.limits.leaf_fits(count, len)) {
+            // The common case: one leaf replaces one leaf, nothing above changes shape.
             let p = self.nsm.alloc(len)?;
             // SAFETY: `p` was just allocated and is not published yet.
             let built = unsafe {
-                write_record(&self.pool, p, len, count, |emit| {
-                    merged(rec.as_ref(), key, value, emit)
+                write_record(&self.pool, p, len, count as u32, |emit| {
+                    merged(leaf.as_ref(), key, value, emit)
                 })
             };
-            // ORDERING/PERSIST: the record is durable (write_record persisted it) before the
-            // engine's upsert makes it reachable; the upsert is durable when it returns.
-            if let Err(e) = built.and_then(|()| self.index.upsert(x, p.raw())) {
+            // ORDERING/PERSIST: the leaf is durable (write_record persisted it) before the slot
+            // store or the engine's upsert makes it reachable.
+            let linked = built.and_then(|()| match path.last() {
+                Some((parent, i)) => self.publish_in_place(parent, *i, p),
+                None => self.index.upsert(x, p.raw()),
+            });
+            if let Err(e) = linked {
                 // Never published: nobody can hold it, free it now.
                 // SAFETY: `p` came from this allocator and was never linked.
                 let _ = unsafe { self.nsm.free(p) };
                 return Err(e);
             }
+            if let Some(old) = leaf {
+                self.retire_all(&[old.at_ptr()]);
+            }
+            return Ok(true);
         }
-        if let Some(old) = old {
-            // Pinned after the unlink: every reader that can still hold `old` pinned before it,
-            // so the free waits for them.
-            let guard = epoch::pin();
-            // SAFETY: `old` is unlinked (the engine now maps `x` elsewhere or nowhere), came from
-            // this allocator, and only this writer (under the stripe lock) retires it.
-            unsafe { retire(&self.nsm, &guard, old) };
+        // The leaf splits (or empties): write the pieces, then rebuild the path above.
+        let mut fresh = Fresh { nsm: &self.nsm, blocks: Vec::new() };
+        let mut retired: Vec<PPtr> = leaf.as_ref().map(Record::at_ptr).into_iter().collect();
+        let entries = tree::merged_entries(leaf.as_ref(), key, value)?;
+        let mut repl = Vec::new();
+        for (r, sep) in tree::leaf_pieces(&entries, &self.limits) {
+            let part = &entries[r];
+            let len = HEADER_BYTES + part.iter().map(|(k, v)| entry_bytes(k, v)).sum::<usize>();
+            let p = fresh.alloc(len)?;
+            // SAFETY: `p` was just allocated and is not published yet.
+            unsafe {
+                write_record(&self.pool, p, len, part.len() as u32, |emit| {
+                    part.iter().for_each(|(k, v)| emit(k, v));
+                    Ok(())
+                })?
+            };
+            repl.push((sep, p.raw()));
         }
+        // On an error `fresh` frees what this write allocated: nothing was published.
+        self.link(x, &mut path, repl, &mut fresh, &mut retired)?;
+        fresh.blocks.clear();
+        self.retire_all(&retired);
         Ok(true)
+    }
+
+    /// Height of the tree of `key`'s prefix: `None` when no key has that prefix, 0 for a single
+    /// leaf, 1 for an inner root over leaves, and so on.
+    pub fn prefix_height(&self, key: &[u8]) -> Result<Option<usize>> {
+        check_key(key)?;
+        let _guard = epoch::pin();
+        let Some(root) = self.index.get(index_key(key))? else { return Ok(None) };
+        let mut p = PPtr::from_raw(root);
+        for height in 0..tree::MAX_DEPTH {
+            // SAFETY: `p` was reached from the index while pinned (Node::at's contract).
+            match unsafe { Node::at(&self.pool, p)? } {
+                Node::Leaf(_) => return Ok(Some(height)),
+                Node::Inner(n) => p = n.child(0)?,
+            }
+        }
+        Err(Error::corrupted(LAYER, format!("tree of {key:x?} too deep")))
+    }
+
+    /// Replaces child `i` of `parent` by `child` with one persisted 8-byte store: the
+    /// publication (and linearization point) of a write that changes no node's shape.
+    fn publish_in_place(&self, parent: &Inner<'_>, i: usize, child: PPtr) -> Result<()> {
+        let slot = parent.slot(i)?;
+        // ORDERING: Release publishes the new child (written and persisted before) to readers,
+        // which load the slot with Acquire.
+        slot.store(child.raw(), Ordering::Release);
+        // PERSIST: the slot now names the new child; the write is durable here. An aligned
+        // 8-byte store: a crash leaves the old or the new child, never a mix.
+        self.pool.persist_obj(slot);
+        Ok(())
+    }
+
+    /// Retires nodes this writer unlinked: each is freed once every reader pinned now unpins.
+    fn retire_all(&self, old: &[PPtr]) {
+        // Pinned after the unlink: every reader that can still hold an old node pinned before
+        // it, so the frees wait for them.
+        let guard = epoch::pin();
+        for &p in old {
+            // SAFETY: `p` is unlinked (nothing reachable points at it any more), came from this
+            // allocator, and only this writer (under the stripe lock) retires it.
+            unsafe { retire(&self.nsm, &guard, p) };
+        }
+    }
+
+    /// Links `repl` — the nodes (with their separators; the first one's is ignored) that replace
+    /// the last node of `path`'s children, or the root when `path` is empty — and rebuilds the
+    /// path above as far as node shapes change. The single store that publishes the write is an
+    /// in-place child slot or the engine's `upsert`/`remove` of `x`. Replaced inner nodes are
+    /// appended to `retired`.
+    fn link(
+        &self,
+        x: u64,
+        path: &mut Vec<(Inner<'_>, usize)>,
+        mut repl: Vec<(Vec<u8>, u64)>,
+        fresh: &mut Fresh<'_>,
+        retired: &mut Vec<PPtr>,
+    ) -> Result<()> {
+        while let Some((parent, i)) = path.pop() {
+            if repl.len() == 1 {
+                return self.publish_in_place(&parent, i, PPtr::from_raw(repl[0].1));
+            }
+            // The parent changes shape: a copy with child `i` replaced by `repl`.
+            let removed = repl.is_empty();
+            let mut kids: Vec<(Vec<u8>, u64)> = Vec::with_capacity(parent.count() + repl.len());
+            let mut repl_iter = Some(std::mem::take(&mut repl));
+            for j in 0..parent.count() {
+                let sep = parent.sep(j)?.to_vec();
+                if j == i {
+                    for (k, (s, p)) in repl_iter.take().into_iter().flatten().enumerate() {
+                        // The first replacement inherits the replaced child's lower bound.
+                        kids.push((if k == 0 { sep.clone() } else { s }, p));
+                    }
+                } else {
+                    kids.push((sep, parent.child(j)?.raw()));
+                }
+            }
+            if removed && !kids.is_empty() {
+                // Child `i` is gone and a neighbour's range grows over its range: the left
+                // neighbour's upwards, or (for child 0) the right one's downwards. A linked node's
+                // range never changes — readers still walking the old parent rely on the ranges
+                // it gives its children — so the neighbour is replaced by a copy along the edge
+                // that grows, down to its leaf.
+                let (n, rightmost) = if i > 0 { (i - 1, true) } else { (0, false) };
+                let copy = self.copy_edge(PPtr::from_raw(kids[n].1), rightmost, fresh, retired)?;
+                kids[n].1 = copy.raw();
+            }
+            retired.push(parent.at_ptr());
+            repl = if kids.len() == 1 && path.is_empty() {
+                // A root left with one child: the child becomes the root.
+                kids
+            } else if kids.is_empty() {
+                kids
+            } else {
+                self.inner_nodes(kids, fresh)?
+            };
+        }
+        // The root changes: a new root over the pieces, or the one piece, or none.
+        while repl.len() > 1 {
+            repl = self.inner_nodes(repl, fresh)?;
+        }
+        // ORDERING/PERSIST: every node of `repl` is durable (written and persisted above) before
+        // the engine's write makes it reachable; the engine's write is durable when it returns.
+        match repl.first() {
+            Some(&(_, root)) => self.index.upsert(x, root),
+            None => {
+                if self.index.remove(x)? {
+                    Ok(())
+                } else {
+                    Err(Error::corrupted(
+                        LAYER,
+                        format!("index key {x:#x} vanished under its stripe lock"),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// A copy of the subtree at `node` whose nodes along its rightmost (or leftmost) edge are
+    /// fresh, down to the leaf; the rest is shared. The replaced edge goes to `retired`.
+    fn copy_edge(
+        &self,
+        node: PPtr,
+        rightmost: bool,
+        fresh: &mut Fresh<'_>,
+        retired: &mut Vec<PPtr>,
+    ) -> Result<PPtr> {
+        // SAFETY: `node` is linked under `x`, whose stripe lock we hold (Node::at's contract).
+        let copy = match unsafe { Node::at(&self.pool, node)? } {
+            Node::Leaf(r) => {
+                let len = r.len();
+                let p = fresh.alloc(len)?;
+                // SAFETY: `p` was just allocated and is not published yet.
+                unsafe {
+                    write_record(&self.pool, p, len, r.count(), |emit| {
+                        for e in r.entries() {
+                            let (k, v) = e?;
+                            emit(k, v);
+                        }
+                        Ok(())
+                    })?
+                };
+                p
+            }
+            Node::Inner(n) => {
+                let e = if rightmost { n.count() - 1 } else { 0 };
+                let mut kids = Vec::with_capacity(n.count());
+                for j in 0..n.count() {
+                    kids.push((n.sep(j)?.to_vec(), n.child(j)?.raw()));
+                }
+                kids[e].1 =
+                    self.copy_edge(PPtr::from_raw(kids[e].1), rightmost, fresh, retired)?.raw();
+                let p = fresh.alloc(inner_bytes(&kids))?;
+                // SAFETY: `p` was just allocated and is not published yet.
+                unsafe { write_inner(&self.pool, p, &kids)? };
+                p
+            }
+        };
+        retired.push(node);
+        Ok(copy)
+    }
+
+    /// Writes inner nodes over `children` (split as the limits require) and returns them with
+    /// their separators.
+    fn inner_nodes(
+        &self,
+        children: Vec<(Vec<u8>, u64)>,
+        fresh: &mut Fresh<'_>,
+    ) -> Result<Vec<(Vec<u8>, u64)>> {
+        let mut out = Vec::new();
+        for r in tree::inner_pieces(&children, &self.limits) {
+            let part = &children[r];
+            let p = fresh.alloc(inner_bytes(part))?;
+            // SAFETY: `p` was just allocated and is not published yet.
+            unsafe { write_inner(&self.pool, p, part)? };
+            out.push((part[0].0.clone(), p.raw()));
+        }
+        Ok(out)
+    }
+}
+
+/// The blocks one write allocated, freed if the write fails before publishing them.
+struct Fresh<'a> {
+    nsm: &'a Nsm,
+    blocks: Vec<PPtr>,
+}
+
+impl Fresh<'_> {
+    fn alloc(&mut self, len: usize) -> Result<PPtr> {
+        let p = self.nsm.alloc(len)?;
+        self.blocks.push(p);
+        Ok(p)
+    }
+
+    fn free_all(&mut self) {
+        for p in self.blocks.drain(..) {
+            // SAFETY: `p` came from this allocator and was never linked: nobody can hold it.
+            let _ = unsafe { self.nsm.free(p) };
+        }
+    }
+}
+
+impl Drop for Fresh<'_> {
+    fn drop(&mut self) {
+        // An early `?` return between allocation and the link leaves blocks here: unpublished.
+        self.free_all();
     }
 }
 

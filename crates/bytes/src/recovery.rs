@@ -23,8 +23,9 @@ use numakv_index::{
 use numakv_pmem::alloc::nsm::{Nsm, NsmMode};
 use numakv_pmem::{PPtr, Pool};
 
-use crate::layout::{check_key, index_key, Record, BYTES_META, LAYER, OWNER_BYTES, SLOT_META};
+use crate::layout::{check_key, index_key, BYTES_META, LAYER, OWNER_BYTES, SLOT_META};
 use crate::ops::Stripes;
+use crate::tree::{self, TreeLimits};
 use crate::Bytes;
 
 /// Index entries read per engine scan call during the walk.
@@ -42,7 +43,7 @@ pub(crate) fn create<E: Engine>(pool: Arc<Pool>, opts: &E::Options) -> Result<By
     meta.store(BYTES_META, Ordering::Release);
     // PERSIST: the layer exists from now on (the engine is already durable).
     pool.persist_obj(meta);
-    Ok(Bytes { index, pool, nsm, stripes: Stripes::new() })
+    Ok(Bytes { index, pool, nsm, stripes: Stripes::new(), limits: TreeLimits::default() })
 }
 
 /// Every `(index key, bucket)` of the engine, ascending.
@@ -76,20 +77,22 @@ pub(crate) fn open<E: Engine>(
         ));
     }
     let (index, raw) = E::open(Arc::clone(&pool), opts)?;
-    let buckets = walk(&index)?;
-    let (nsm, rec) = Nsm::recover_owned(
-        Arc::clone(&pool),
-        NsmMode::Local,
-        OWNER_BYTES,
-        buckets.iter().map(|&(_, p)| p),
-    )?;
+    let roots = walk(&index)?;
+    let mut nodes = Vec::with_capacity(roots.len());
+    for &(_, p) in &roots {
+        // SAFETY: nothing runs concurrently with recovery; `p` is linked in the index.
+        unsafe { tree::collect_nodes(&pool, p, &mut nodes)? };
+    }
+    let (nsm, rec) =
+        Nsm::recover_owned(Arc::clone(&pool), NsmMode::Local, OWNER_BYTES, nodes.iter().copied())?;
     let mut counters = raw.counters;
     counters.extend([
-        ("bytes_buckets", buckets.len() as u64),
+        ("bytes_prefixes", roots.len() as u64),
+        ("bytes_nodes", nodes.len() as u64),
         ("bytes_extents_freed", rec.pages_freed + rec.large_freed),
     ]);
     let report = RecoveryReport { was_clean: raw.was_clean, elapsed: t0.elapsed(), counters };
-    Ok((Bytes { index, pool, nsm, stripes: Stripes::new() }, report))
+    Ok((Bytes { index, pool, nsm, stripes: Stripes::new(), limits: TreeLimits::default() }, report))
 }
 
 /// [`crate::ByteMap::stats`]: the engine's, plus the layer's NSM pages per node.
@@ -113,37 +116,28 @@ pub(crate) fn stats<E: Index>(b: &Bytes<E>) -> EngineStats {
 /// then the leak invariant over the layer's blocks.
 pub(crate) fn check<E: Index>(b: &Bytes<E>) -> Result<CheckReport> {
     let raw = b.index.check()?;
-    let buckets = walk(&b.index)?;
+    let roots = walk(&b.index)?;
     let mut entries = 0u64;
-    for &(x, p) in &buckets {
-        // SAFETY: `check` runs while no thread mutates (its contract): the bucket stays linked
-        // and allocated while we read it.
-        let rec = unsafe { Record::at(&b.pool, p)? };
-        let mut prev: Option<&[u8]> = None;
-        for e in rec.entries() {
-            let (k, _) = e?;
+    let mut nodes = 0u64;
+    for &(x, p) in &roots {
+        let key_ok = |k: &[u8]| -> Result<()> {
             check_key(k)
-                .map_err(|e| Error::corrupted(LAYER, format!("bucket {p} of {x:#x}: {e}")))?;
+                .map_err(|e| Error::corrupted(LAYER, format!("tree {p} of {x:#x}: {e}")))?;
             if index_key(k) != x {
                 return Err(Error::corrupted(
                     LAYER,
-                    format!("bucket {p}: key {k:x?} filed under {x:#x}"),
+                    format!("tree {p}: key {k:x?} filed under {x:#x}"),
                 ));
             }
-            if prev.is_some_and(|q| q >= k) {
-                return Err(Error::corrupted(
-                    LAYER,
-                    format!("bucket {p} of {x:#x}: keys not ascending"),
-                ));
-            }
-            prev = Some(k);
-            entries += 1;
-        }
-        if rec.count() == 0 {
-            return Err(Error::corrupted(LAYER, format!("bucket {p} of {x:#x} is empty")));
-        }
+            Ok(())
+        };
+        // SAFETY: `check` runs while no thread mutates (its contract): the tree stays linked
+        // and allocated while we read it.
+        let shape = unsafe { tree::check_tree(&b.pool, p, &key_ok)? };
+        entries += shape.entries;
+        nodes += shape.nodes;
     }
-    let want = buckets.len() as u64;
+    let want = nodes;
     // Buckets retired just before are freed after their grace period; let those frees run.
     let allocated = numakv_pmem::alloc::settle_deferred_frees(want, Duration::from_secs(1), || {
         b.nsm.allocated_blocks().len() as u64

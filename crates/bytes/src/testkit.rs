@@ -28,11 +28,12 @@ use numakv_index::{
 };
 use numakv_pmem::{OpenConfig, PersistMode, Pool, PoolConfig};
 use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 pub use numakv_index as index;
 
-use crate::{engine_id, ByteMap, Bytes, MAX_KEY_LEN, MAX_VALUE_LEN};
+use crate::{engine_id, ByteMap, Bytes, TreeLimits, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 // ---------------------------------------------------------------------------------------------
 // The codec: the shared u64 kit over byte keys
@@ -71,6 +72,16 @@ pub fn value_from(b: &[u8]) -> Option<u64> {
         && pad.iter().enumerate().all(|(i, &c)| c == (v as u8).wrapping_add(i as u8)))
     .then_some(v)
 }
+
+/// Split limits of the kit's stores: two entries per leaf and two children per inner node, so
+/// that the four keys of one prefix already form a tree of leaves and inner nodes, and the
+/// shared kit's crashes and races land in splits, path copies and removals.
+pub const TINY: TreeLimits =
+    TreeLimits { leaf_entries: 2, leaf_bytes: 1024, inner_children: 2, inner_bytes: 4096 };
+
+/// Small limits for the byte-native oracles: trees several levels deep from a few hundred keys.
+pub const SMALL: TreeLimits =
+    TreeLimits { leaf_entries: 3, leaf_bytes: 300, inner_children: 3, inner_bytes: 400 };
 
 /// A [`Bytes<E>`] seen as a `u64` [`Engine`] through [`key_of`] / [`value_of`], so that the
 /// shared kit drives the byte layer.
@@ -136,10 +147,14 @@ impl<E: Engine> Engine for Codec<E> {
         engine_id::<E>()
     }
     fn create(pool: Arc<Pool>, opts: &E::Options) -> Result<Self> {
-        Bytes::create(pool, opts).map(Codec)
+        let mut b = Bytes::create(pool, opts)?;
+        b.set_tree_limits(TINY)?;
+        Ok(Codec(b))
     }
     fn open(pool: Arc<Pool>, opts: &E::Options) -> Result<(Self, RecoveryReport)> {
-        Bytes::open(pool, opts).map(|(b, r)| (Codec(b), r))
+        let (mut b, r) = Bytes::open(pool, opts)?;
+        b.set_tree_limits(TINY)?;
+        Ok((Codec(b), r))
     }
     fn close(self) -> Result<()> {
         self.0.close()
@@ -212,8 +227,13 @@ impl<E: Engine> BytesKit<E> {
         let mut rng = SmallRng::seed_from_u64(seed);
         let dir = scratch()?;
         for run in 0..4 * self.scale {
+            // Runs alternate the split limits and the key space: keys of every shape, or keys
+            // that all share one 8-byte prefix (one tree that splits, grows and shrinks).
+            let limits = if run % 2 == 1 { SMALL } else { TreeLimits::default() };
+            let keys = if run % 4 >= 2 { KeySpace::SharedPrefix } else { KeySpace::Mixed };
             let path = dir.path().join(format!("store{run}"));
             let mut b = self.create_in(&path, mode)?;
+            b.set_tree_limits(limits).or_else(|e| fail("set_tree_limits", e))?;
             let mut model = Model::new();
             for i in 0..400 {
                 let ctx = |v: Violation| Violation(format!("run {run} step {i}: {v}"));
@@ -225,10 +245,11 @@ impl<E: Engine> BytesKit<E> {
                             drop(b);
                         }
                         b = self.open_in(&path).map_err(ctx)?;
+                        b.set_tree_limits(limits).or_else(|e| fail("set_tree_limits", e))?;
                         check_all(&b, &model).map_err(ctx)?;
                     }
                     2..=9 => {
-                        let (start, end) = (rand_key(&mut rng), rand_key(&mut rng));
+                        let (start, end) = (keys.key(&mut rng), keys.key(&mut rng));
                         let end = rng.gen_bool(0.7).then_some(end);
                         let limit = rng.gen_range(0..30);
                         let take = rng.gen_range(0..=limit);
@@ -236,7 +257,7 @@ impl<E: Engine> BytesKit<E> {
                     }
                     10..=13 => {
                         let p: Vec<u8> =
-                            rand_key(&mut rng).into_iter().take(rng.gen_range(0..4)).collect();
+                            keys.key(&mut rng).into_iter().take(rng.gen_range(0..11)).collect();
                         let limit = rng.gen_range(0..30);
                         let got = collect(b.scan_prefix(&p, limit)).map_err(ctx)?;
                         let want: Vec<_> = model
@@ -247,7 +268,7 @@ impl<E: Engine> BytesKit<E> {
                             .collect();
                         ensure!(got == want, "run {run} step {i}: prefix scan {p:x?} limit {limit}: got {} pairs, want {}", got.len(), want.len());
                     }
-                    _ => step(&b, &mut model, &mut rng).map_err(ctx)?,
+                    _ => step(&b, &mut model, &mut rng, keys).map_err(ctx)?,
                 }
             }
             check_all(&b, &model)?;
@@ -265,7 +286,10 @@ impl<E: Engine> BytesKit<E> {
     /// returns each key that no writer touches; values are never torn.
     pub fn scans_concurrent(&self) -> Verdict {
         let dir = scratch()?;
-        let b = self.create_in(&dir.path().join("store"), PersistMode::Adr)?;
+        let mut b = self.create_in(&dir.path().join("store"), PersistMode::Adr)?;
+        // Trees of several levels per prefix: scans cross leaves and inner nodes that writers
+        // split and remove meanwhile.
+        b.set_tree_limits(TINY).or_else(|e| fail("set_tree_limits", e))?;
         // Stable keys: even k, never written after the load. Writers churn odd k.
         let n = 1_000 * self.scale as u64;
         for k in (2..=2 * n).step_by(2) {
@@ -345,6 +369,151 @@ impl<E: Engine> BytesKit<E> {
         });
         verdict?;
         b.check().or_else(|e| fail("check()", e))?;
+        b.close().or_else(|e| fail("close()", e))
+    }
+
+    /// One prefix's tree grown several levels deep and shrunk to nothing: keys that all share
+    /// their 8-byte prefix, inserted in random order under [`SMALL`] limits, every key and a
+    /// full scan checked, a reopen (clean, then unclean) between; then deleted in random order
+    /// until the prefix is gone from the index, leaving no PM block behind.
+    pub fn shared_prefix(&self) -> Verdict {
+        let seed = seed();
+        let ctx = |v: Violation| Violation(format!("shared prefix (NUMAKV_TEST_SEED={seed}): {v}"));
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let dir = scratch()?;
+        let path = dir.path().join("store");
+        let mut b = self.create_in(&path, PersistMode::Adr)?;
+        b.set_tree_limits(SMALL).or_else(|e| fail("set_tree_limits", e))?;
+        let n = 1_500 * self.scale;
+        let mut ids: Vec<usize> = (0..n).collect();
+        ids.shuffle(&mut rng);
+        let key = |i: usize| format!("key:{i:012}").into_bytes();
+        let mut model = Model::new();
+        for &i in &ids {
+            let v = format!("value {i} ").repeat(1 + i % 5).into_bytes();
+            b.put(&key(i), &v).or_else(|e| fail("put", e)).map_err(ctx)?;
+            model.insert(key(i), v);
+        }
+        let height = b.prefix_height(&key(0)).or_else(|e| fail("prefix_height", e)).map_err(ctx)?;
+        ensure!(height >= Some(3), "{n} keys of one prefix: tree height {height:?}, want ≥ 3");
+        check_all(&b, &model).map_err(ctx)?;
+        for (s, e) in [(10, 20), (0, n), (n / 3, n / 3 + 700)] {
+            check_scan(&b, &model, &key(s), Some(&key(e)), usize::MAX, usize::MAX).map_err(ctx)?;
+        }
+        b.close().or_else(|e| fail("close()", e))?;
+        let b = self.open_in(&path)?;
+        check_all(&b, &model).map_err(ctx)?;
+        drop(b); // unclean
+        let mut b = self.open_in(&path)?;
+        b.set_tree_limits(SMALL).or_else(|e| fail("set_tree_limits", e))?;
+        check_all(&b, &model).map_err(ctx)?;
+        leak_free(&b).map_err(ctx)?;
+        ids.shuffle(&mut rng);
+        for (j, &i) in ids.iter().enumerate() {
+            let got = b.delete(&key(i)).or_else(|e| fail("delete", e)).map_err(ctx)?;
+            ensure!(got, "delete of present key {i} returned false");
+            model.remove(&key(i));
+            if j % 500 == 0 {
+                check_all(&b, &model).map_err(ctx)?;
+            }
+        }
+        let height = b.prefix_height(&key(0)).or_else(|e| fail("prefix_height", e)).map_err(ctx)?;
+        ensure!(
+            height.is_none(),
+            "every key deleted, the prefix still has a tree of height {height:?}"
+        );
+        check_all(&b, &model).map_err(ctx)?;
+        leak_free(&b).map_err(ctx)?;
+        b.close().or_else(|e| fail("close()", e))
+    }
+
+    /// Readers and scans racing writers inside one prefix's deep tree: writers insert and
+    /// delete odd keys (splitting leaves, copying paths, removing leaves and inner nodes) while
+    /// readers get every even key with its exact value and scans return every even key of
+    /// their range.
+    pub fn shared_prefix_concurrent(&self) -> Verdict {
+        let dir = scratch()?;
+        let mut b = self.create_in(&dir.path().join("store"), PersistMode::Adr)?;
+        b.set_tree_limits(SMALL).or_else(|e| fail("set_tree_limits", e))?;
+        let n = 600 * self.scale;
+        let key = |i: usize| format!("key:{i:012}").into_bytes();
+        let val = |i: usize| format!("stable {i}").into_bytes();
+        for i in (0..2 * n).step_by(2) {
+            b.put(&key(i), &val(i)).or_else(|e| fail("load", e))?;
+        }
+        let done = AtomicBool::new(false);
+        let verdict = std::thread::scope(|s| {
+            let writers: Vec<_> = (0..2u64)
+                .map(|w| {
+                    let (b, done) = (&b, &done);
+                    s.spawn(move || -> Verdict {
+                        let mut rng = SmallRng::seed_from_u64(w ^ seed());
+                        // ORDERING: Relaxed; `done` only ends the loop.
+                        while !done.load(Ordering::Relaxed) {
+                            let i = rng.gen_range(0..n) * 2 + 1;
+                            if rng.gen_bool(0.6) {
+                                let v = vec![b'w'; rng.gen_range(0..120)];
+                                b.put(&key(i), &v).or_else(|e| fail("writer put", e))?;
+                            } else {
+                                b.delete(&key(i)).or_else(|e| fail("writer delete", e))?;
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            let mut rng = SmallRng::seed_from_u64(seed());
+            let mut v: Verdict = Ok(());
+            for round in 0..300 * self.scale {
+                let r = (|| -> Verdict {
+                    let i = rng.gen_range(0..n) * 2;
+                    let got = b.get(&key(i)).or_else(|e| fail("get", e))?;
+                    ensure!(got == Some(val(i)), "round {round}: get of stable key {i}: {got:?}");
+                    let lo = rng.gen_range(0..2 * n);
+                    let hi = lo + rng.gen_range(0..200);
+                    let got = collect(b.scan(&key(lo), Some(&key(hi)), usize::MAX))?;
+                    let ks: Vec<&Vec<u8>> = got.iter().map(|(k, _)| k).collect();
+                    ensure!(
+                        ks.windows(2).all(|w| w[0] < w[1]),
+                        "round {round}: scan not ascending"
+                    );
+                    let index_of = |k: &[u8]| -> usize {
+                        std::str::from_utf8(&k[4..])
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(usize::MAX)
+                    };
+                    let stable: Vec<usize> =
+                        got.iter().map(|(k, _)| index_of(k)).filter(|i| i % 2 == 0).collect();
+                    let want: Vec<usize> = (lo..hi.min(2 * n)).filter(|i| i % 2 == 0).collect();
+                    ensure!(
+                        stable == want,
+                        "round {round}: scan [{lo}, {hi}): stable keys {stable:?}, want {want:?}"
+                    );
+                    for (k, v) in &got {
+                        let i = index_of(k);
+                        ensure!(
+                            if i % 2 == 0 { *v == val(i) } else { v.iter().all(|&c| c == b'w') },
+                            "round {round}: scan: torn or foreign value under key {i}"
+                        );
+                    }
+                    Ok(())
+                })();
+                if r.is_err() {
+                    v = r;
+                    break;
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+            for h in writers {
+                let r = h.join().unwrap_or_else(|_| Err(Violation("a writer panicked".into())));
+                v = v.and(r);
+            }
+            v
+        });
+        verdict?;
+        b.check().or_else(|e| fail("check()", e))?;
+        leak_free(&b)?;
         b.close().or_else(|e| fail("close()", e))
     }
 
@@ -454,6 +623,31 @@ fn rand_key(rng: &mut SmallRng) -> Vec<u8> {
     k
 }
 
+/// Where the differential draws its keys from.
+#[derive(Clone, Copy, Debug)]
+enum KeySpace {
+    /// [`rand_key`]: every shape.
+    Mixed,
+    /// `key:0000` then 1–6 bytes over a small alphabet: one 8-byte prefix for all, as
+    /// redis-benchmark's `key:%012d` keys.
+    SharedPrefix,
+}
+
+impl KeySpace {
+    fn key(self, rng: &mut SmallRng) -> Vec<u8> {
+        match self {
+            KeySpace::Mixed => rand_key(rng),
+            KeySpace::SharedPrefix => {
+                const ALPHA: [u8; 4] = [0x00, b'1', b'2', 0xff];
+                let mut k = b"key:0000".to_vec();
+                let n = rng.gen_range(1..=6);
+                k.extend((0..n).map(|_| ALPHA[rng.gen_range(0..ALPHA.len())]));
+                k
+            }
+        }
+    }
+}
+
 fn rand_value(rng: &mut SmallRng) -> Vec<u8> {
     let len = match rng.gen_range(0..20) {
         0..=2 => 0,
@@ -466,8 +660,8 @@ fn rand_value(rng: &mut SmallRng) -> Vec<u8> {
 }
 
 /// One random point operation on the store and the model, results compared.
-fn step(b: &dyn ByteMap, model: &mut Model, rng: &mut SmallRng) -> Verdict {
-    let k = rand_key(rng);
+fn step(b: &dyn ByteMap, model: &mut Model, rng: &mut SmallRng, keys: KeySpace) -> Verdict {
+    let k = keys.key(rng);
     match rng.gen_range(0..6) {
         0 => {
             let v = rand_value(rng);
@@ -610,6 +804,16 @@ macro_rules! bytes_conformance_tests {
         #[test]
         fn bytes_scans_concurrent() {
             __bytes_kit().scans_concurrent().unwrap();
+        }
+
+        #[test]
+        fn bytes_shared_prefix() {
+            __bytes_kit().shared_prefix().unwrap();
+        }
+
+        #[test]
+        fn bytes_shared_prefix_concurrent() {
+            __bytes_kit().shared_prefix_concurrent().unwrap();
         }
 
         #[test]
