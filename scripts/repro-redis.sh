@@ -7,7 +7,8 @@
 #       [--engines "fastfair nbtree nstore"]
 #
 # Without -r every request uses redis-benchmark's one key; with -r the keys are "key:%012d", which
-# all share their first 8 bytes ("key:0000"), i.e. one byte-layer bucket (see the NOTE / README).
+# all share their first 8 bytes ("key:0000"), i.e. one prefix tree of the byte layer, whose
+# writers take one lock (docs/design.md, "Byte-string layer").
 # A server that fails (an error reply, e.g. out of PM) gets "failed" instead of figures.
 # Needs redis-server and redis-benchmark (apt-get install redis-server redis-tools).
 set -euo pipefail

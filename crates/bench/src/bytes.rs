@@ -4,7 +4,7 @@
 //! (`numakv bench --key-size 16 --value-size 100`: YCSB's shape).
 //!
 //! Key bytes: the key big-endian (so byte order is the workload's key order and every key has
-//! its own 8-byte prefix, i.e. its own bucket), then `key_size - 8` filler bytes derived from the
+//! its own 8-byte prefix, i.e. a tree of one leaf), then `key_size - 8` filler bytes derived from the
 //! key. Value bytes: the value little-endian, then `value_size - 8` filler bytes. The adapter
 //! reuses per-thread buffers: the only allocation of a point operation is the layer's.
 

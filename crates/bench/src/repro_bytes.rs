@@ -77,10 +77,10 @@ pub fn value_size(
          recovery, which does not incur any PM writes\", and the multi-threaded reduction \"is \
          also achieved in the recovery tests with different value sizes\".\n\n\
          What differs here: the values are stored by the byte-string layer (one copy-on-write \
-         PM bucket per 8-byte key prefix, pointed to by the engine's u64 index), not by \
+         PM tree per 8-byte key prefix, here one leaf per key, pointed to by the engine's u64 index), not by \
          NStore's own variable-length log entries, and scans run on the calling thread (no \
          local read threads). So the sweep shows what value size costs this layer: scans copy \
-         every value out of PM, recovery walks the index and marks one bucket per key without \
+         every value out of PM, recovery walks the index and marks one leaf per key without \
          reading the values.\n\n\
          ## Our measurement\n\n\
          | engine | value bytes | scan Mops/s (100 pairs each) | Mpairs/s | PM lines read per scan | \

@@ -97,6 +97,36 @@ pub trait Index: Send + Sync {
     /// thread mutates the index. Fails with [`Error::Corrupted`] naming the violated invariant.
     fn check(&self) -> Result<CheckReport>;
 
+    /// Read-modify-write of a present key: when `key` is present, calls `f` with its value while
+    /// no other writer can change that key, stores what `f` returns (`Some`; `None` leaves the
+    /// value as it is) durably, and returns the value `f` saw; returns `None` (and does not
+    /// call `f`) when `key` is absent. An error from `f` is returned with nothing written.
+    ///
+    /// The default is [`Index::get`] then [`Index::upsert`] — two descents, and no exclusion of
+    /// other writers: a caller that needs it (the byte-string layer) serialises the writers of
+    /// a key itself. An engine that can do it in one descent under its own leaf lock overrides
+    /// it (FAST&FAIR).
+    fn update_with(
+        &self,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+    ) -> Result<Option<u64>> {
+        let Some(old) = self.get(key)? else { return Ok(None) };
+        if let Some(new) = f(old)? {
+            self.upsert(key, new)?;
+        }
+        Ok(Some(old))
+    }
+
+    /// Whether a write of this index may wait for an epoch grace period (NBTree's SMO waits for
+    /// Calloc log slots that come back only after one). A layer above (the byte-string layer)
+    /// must not hold an epoch pin across a write of such an index: the grace period would never
+    /// end. An index that never waits returns `false`, and the layer may then pin once around
+    /// the whole write, which makes the index's own pin a nested one (no fence). Default: `true`.
+    fn writes_wait_for_grace(&self) -> bool {
+        true
+    }
+
     /// Waits, at most about `limit`, until the background work that operations already returned
     /// have caused is done (entries still to be evaluated into the tree, garbage a GC pass should
     /// reclaim, queued migrations, an upper-layer rebuild or a switch in progress), and returns

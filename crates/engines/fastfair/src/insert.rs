@@ -179,6 +179,29 @@ impl FastFair {
         self.write_locked(&g, key, val, kind, &guard)
     }
 
+    /// [`Index::update_with`](numakv_index::Index::update_with): under the lock of the leaf
+    /// covering `key`, `f` sees the value and may replace it.
+    pub(crate) fn update_locked_with(
+        &self,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+    ) -> Result<Option<u64>> {
+        let guard = epoch::pin();
+        let g = self.lock_leaf(key, &guard)?;
+        let node = g.node();
+        let (_, at) = self.locate(node, key);
+        let Ok(i) = at else { return Ok(None) };
+        // ORDERING: Acquire, as a reader of the entry; under the leaf lock nobody stores to it.
+        let old = node.entries[i].val.load(Ordering::Acquire);
+        if let Some(new) = f(old)? {
+            // An 8-byte store: readers see the old or the new value, never a mix.
+            node.entries[i].val.store(new, Ordering::Release);
+            // PERSIST: the new value is durable before the operation returns.
+            self.pool.persist(node.slot_addr(i), 16);
+        }
+        Ok(Some(old))
+    }
+
     /// Locks `leaf` if it is alive and covers `key` (`low ≤ key < high`, after repairing it);
     /// `None` otherwise (the caller descends from the root). A live node's `low` never changes
     /// (splits move the upper half to a new node, merges move the right node into the left),

@@ -379,6 +379,23 @@ impl Index for FastFair {
         ENGINE
     }
 
+    /// One descent: the leaf covering `key` is locked while `f` runs, so no writer changes the
+    /// key meanwhile; the new value is one 8-byte store, persisted.
+    fn update_with(
+        &self,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+    ) -> Result<Option<u64>> {
+        check_key(key)?;
+        self.update_locked_with(key, f)
+    }
+
+    /// Writes lock a leaf, write and persist, and allocate from NSM (which never waits for a
+    /// grace period): a caller may stay pinned across them.
+    fn writes_wait_for_grace(&self) -> bool {
+        false
+    }
+
     fn insert(&self, key: u64, value: u64) -> Result<bool> {
         check_key(key)?;
         self.write(key, value, WriteKind::Insert)
