@@ -19,9 +19,9 @@
 use numakv_index::{Error, Index, Result};
 use numakv_pmem::alloc::{epoch, retire, PmAllocator};
 use numakv_pmem::PPtr;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use numakv_pmem::alloc::nsm::Nsm;
 
@@ -35,18 +35,45 @@ use crate::Bytes;
 /// Stripe locks (a power of two).
 const STRIPES: usize = 1024;
 
-/// The writer locks, one per stripe of index keys.
-pub(crate) struct Stripes(Box<[crossbeam_utils::CachePadded<Mutex<()>>]>);
+/// The writer locks: per stripe of index keys a readers-writer lock — held shared by a write
+/// that rewrites one leaf inside a prefix's tree, exclusively by every other write (one that
+/// changes the tree's shape, or the root) — and per stripe of child slots a mutex, which
+/// serialises the writers of one leaf among the shared holders.
+pub(crate) struct Stripes {
+    prefixes: Box<[crossbeam_utils::CachePadded<Prefixes>]>,
+    slots: Box<[crossbeam_utils::CachePadded<Mutex<()>>]>,
+}
+
+/// One stripe of prefixes.
+#[derive(Default)]
+struct Prefixes {
+    lock: RwLock<()>,
+    /// A hint, not a fact: whether the last write of this stripe found its prefix's root to be
+    /// an inner node. Writes try the shared path only then, so that a prefix of one leaf (keys
+    /// with their own 8-byte prefix, the common case) costs no extra engine lookup.
+    trees: AtomicBool,
+}
+
+/// Fibonacci hashing onto `STRIPES` buckets: neighbouring values land on different stripes.
+fn stripe(v: u64) -> usize {
+    (v.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STRIPES.trailing_zeros())) as usize
+}
 
 impl Stripes {
     pub(crate) fn new() -> Stripes {
-        Stripes((0..STRIPES).map(|_| Default::default()).collect())
+        Stripes {
+            prefixes: (0..STRIPES).map(|_| Default::default()).collect(),
+            slots: (0..STRIPES).map(|_| Default::default()).collect(),
+        }
     }
 
-    fn of(&self, x: u64) -> &Mutex<()> {
-        // Fibonacci hashing: neighbouring prefixes land on different stripes.
-        let h = x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STRIPES.trailing_zeros());
-        &self.0[h as usize]
+    fn of(&self, x: u64) -> &Prefixes {
+        &self.prefixes[stripe(x)]
+    }
+
+    /// The lock of child slot `i` of the inner node at `node`.
+    fn slot(&self, node: PPtr, i: usize) -> &Mutex<()> {
+        &self.slots[stripe(node.raw().wrapping_add(8 * i as u64))]
     }
 }
 
@@ -90,7 +117,14 @@ impl<E: Index> Bytes<E> {
             Write::Delete => None,
         };
         let x = index_key(key);
-        let _lock = self.stripes.of(x).lock();
+        let stripe = self.stripes.of(x);
+        // ORDERING: Relaxed; a stale hint only picks the slower path.
+        if stripe.trees.load(Ordering::Relaxed) {
+            if let Some(result) = self.write_shared(x, key, w, value)? {
+                return Ok(result);
+            }
+        }
+        let _lock = stripe.lock.write();
         // Not pinned while the engine writes if the engine may wait for a grace period inside
         // its write (NBTree's SMO waits, unpinned itself, for Calloc log slots that come back
         // only after one), which a pin held here would never let end. The tree needs no pin:
@@ -137,6 +171,12 @@ impl<E: Index> Bytes<E> {
             (Ok(_), None) => {}
         }
         let root = seen;
+        if let Some(r) = root {
+            // SAFETY: `r` is `x`'s root and we hold the stripe lock of `x` exclusively.
+            let tree = matches!(unsafe { Node::at(&self.pool, r)? }, Node::Inner(_));
+            // ORDERING: Relaxed, a hint.
+            stripe.trees.store(tree, Ordering::Relaxed);
+        }
         // The path from the root to the leaf of `key`: (inner node, child taken).
         let mut path: Vec<(Inner<'_>, usize)> = Vec::new();
         let mut leaf = None;
@@ -231,6 +271,76 @@ impl<E: Index> Bytes<E> {
         Ok(true)
     }
 
+    /// A write that rewrites one leaf of a tree (its parent an inner node, the merged leaf one
+    /// leaf): under the prefix's lock held *shared* and the lock of the leaf's slot, so writers
+    /// of different leaves of one prefix run in parallel. `None` when the write is not of that
+    /// kind (the prefix is absent or a single leaf, or the leaf splits or empties): the caller
+    /// then takes the prefix's lock exclusively.
+    ///
+    /// Under the shared lock no writer changes the tree's shape (that takes the lock
+    /// exclusively), so the inner nodes on the path stay linked and their slots keep their
+    /// ranges; only leaf writers store into slots, each under its slot's lock, so the leaf
+    /// re-read under that lock is the slot's current one and only this writer replaces it.
+    fn write_shared(
+        &self,
+        x: u64,
+        key: &[u8],
+        w: Write<'_>,
+        value: Option<&[u8]>,
+    ) -> Result<Option<bool>> {
+        let stripe = self.stripes.of(x);
+        let _shared = stripe.lock.read();
+        // No engine write below: the pin can cover the whole write (it keeps nothing from
+        // ending; the retire's pin is then nested).
+        let _pin = epoch::pin();
+        let Some(root) = self.index.get(x)? else { return Ok(None) };
+        let mut p = PPtr::from_raw(root);
+        let mut parent = None;
+        for _ in 0..tree::MAX_DEPTH {
+            // SAFETY: `p` is reachable from `x`'s root and we are pinned (Node::at's contract).
+            match unsafe { Node::at(&self.pool, p)? } {
+                Node::Leaf(_) => break,
+                Node::Inner(n) => {
+                    let i = n.find_child(key)?;
+                    p = n.child(i)?;
+                    parent = Some((n, i));
+                }
+            }
+        }
+        let Some((n, i)) = parent else {
+            // ORDERING: Relaxed, a hint.
+            stripe.trees.store(false, Ordering::Relaxed);
+            return Ok(None);
+        };
+        let _slot = self.stripes.slot(n.at_ptr(), i).lock();
+        // Again under the slot's lock: another writer of this leaf may have replaced it.
+        let leaf_at = n.child(i)?;
+        // SAFETY: `leaf_at` is linked (read from a linked node's slot under its lock) and we
+        // are pinned; only we can retire it now.
+        let Node::Leaf(leaf) = (unsafe { Node::at(&self.pool, leaf_at)? }) else {
+            return Err(Error::corrupted(
+                LAYER,
+                format!("slot {i} of {} left the leaf level", n.at_ptr()),
+            ));
+        };
+        match self.rewrite_leaf(&leaf, key, w, value)? {
+            None => Ok(None),
+            Some((result, None)) => Ok(Some(result)),
+            Some((result, Some(new))) => {
+                // The new leaf is built, not yet published; this writer holds the prefix's
+                // lock shared and the leaf's slot lock.
+                numakv_pmem::pause_point!("bytes.write.leaf_built");
+                if let Err(e) = self.publish_in_place(&n, i, new) {
+                    // SAFETY: `new` came from this allocator and was never published.
+                    let _ = unsafe { self.nsm.free(new) };
+                    return Err(e);
+                }
+                self.retire_all(&[leaf_at]);
+                Ok(Some(result))
+            }
+        }
+    }
+
     /// The common case of a write whose leaf is the prefix's root, or `None` when it is not
     /// common (the merged leaf must split, or empties): `Some((false, None))` when the write
     /// changes nothing (insert of a present key, update or delete of an absent one), else
@@ -274,6 +384,23 @@ impl<E: Index> Bytes<E> {
             return Err(e);
         }
         Ok(Some((true, Some(p))))
+    }
+
+    /// Where the leaf that holds `key`'s place lives (`None` when no key has its prefix): for
+    /// tests and diagnostics (which keys share a leaf).
+    pub fn leaf_of(&self, key: &[u8]) -> Result<Option<u64>> {
+        check_key(key)?;
+        let _guard = epoch::pin();
+        let Some(root) = self.index.get(index_key(key))? else { return Ok(None) };
+        let mut p = PPtr::from_raw(root);
+        for _ in 0..tree::MAX_DEPTH {
+            // SAFETY: `p` was reached from the index while pinned (Node::at's contract).
+            match unsafe { Node::at(&self.pool, p)? } {
+                Node::Leaf(_) => return Ok(Some(p.raw())),
+                Node::Inner(n) => p = n.child(n.find_child(key)?)?,
+            }
+        }
+        Err(Error::corrupted(LAYER, format!("tree of {key:x?} too deep")))
     }
 
     /// Height of the tree of `key`'s prefix: `None` when no key has that prefix, 0 for a single

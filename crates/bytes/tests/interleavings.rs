@@ -61,3 +61,65 @@ fn scan_across_a_root_collapse_stays_ascending() {
     });
     b.check().expect("check");
 }
+
+/// Leaf writers inside one prefix's tree hold the prefix's lock shared: with a writer parked
+/// after building its new leaf (holding that leaf's slot lock), a write to another leaf of the
+/// same prefix completes, and a write to the parked writer's leaf waits for it and builds on
+/// its leaf — no update is lost (without the slot lock the second write would publish a leaf
+/// without the first one's value, which the first then overwrites).
+#[test]
+fn leaf_writers_of_one_prefix_run_in_parallel_without_losing_updates() {
+    let sc = Scenario::setup();
+    let pool = Pool::volatile(PoolConfig::new(numakv_bytes::engine_id::<FastFair>(), 64 << 20))
+        .expect("pool");
+    let mut b = Bytes::<FastFair>::create(pool, &Default::default()).expect("create");
+    b.set_tree_limits(numakv_bytes::TreeLimits {
+        leaf_entries: 4,
+        leaf_bytes: 1024,
+        inner_children: 4,
+        inner_bytes: 4096,
+    })
+    .expect("limits");
+    let n = 64;
+    for i in 0..n {
+        b.put(&key(i), b"old").expect("put");
+    }
+    // Another write that sees the tree, so that the stripe's hint says "tree".
+    b.put(&key(n / 2), b"old").expect("put");
+    let leaf = |i: usize| b.leaf_of(&key(i)).expect("leaf_of").expect("present");
+    let same = (1..n).find(|&i| leaf(i) == leaf(0)).expect("a neighbour of key 0 in its leaf");
+    let other = (1..n).rev().find(|&i| leaf(i) != leaf(0)).expect("a key in another leaf");
+    let pause = sc.pause_thread("bytes.write.leaf_built", "writer-a");
+    let c_done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|t| {
+        let b = &b;
+        let a = std::thread::Builder::new()
+            .name("writer-a".into())
+            .spawn_scoped(t, move || b.update(&key(0), b"from a").expect("update a"))
+            .expect("spawn");
+        pause.wait_parked();
+        // Another leaf of the same prefix: not held up by the parked writer.
+        assert!(b.update(&key(other), b"from b").expect("update b"));
+        let c_done = &c_done;
+        let c = t.spawn(move || {
+            let r = b.update(&key(same), b"from c").expect("update c");
+            c_done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Read before releasing: a failed assertion while the writer is parked would leave the
+        // scope waiting for it.
+        let c_finished_early = c_done.load(std::sync::atomic::Ordering::SeqCst);
+        pause.release();
+        assert!(a.join().expect("writer a"));
+        assert!(
+            !c_finished_early,
+            "a write to the parked writer's leaf finished while it was parked"
+        );
+        assert!(c.join().expect("writer c"));
+    });
+    assert_eq!(b.get(&key(0)).expect("get").as_deref(), Some(&b"from a"[..]));
+    assert_eq!(b.get(&key(same)).expect("get").as_deref(), Some(&b"from c"[..]));
+    assert_eq!(b.get(&key(other)).expect("get").as_deref(), Some(&b"from b"[..]));
+    b.check().expect("check");
+}
