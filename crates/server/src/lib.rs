@@ -42,16 +42,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use numakv::{BytesStore, MAX_KEY_LEN, MAX_VALUE_LEN};
 use numakv_numa::{Placement, Registration, Registry, Topology};
-use parking_lot::{Mutex, MutexGuard};
+use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 
-pub use request::{Limits, ProtocolError};
+pub use request::{Limits, ProtocolError, Request};
 
 use commands::{Conn, Cursors, Flow};
 use reply::Out;
@@ -122,7 +123,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServerError {
     move |source| ServerError::Io { what: what.into(), source }
 }
 
-/// Number of key stripes serialising writers of one key.
+/// Number of key stripes ordering the writers of one key.
 const STRIPES: usize = 1024;
 /// Pending replies are written out once they reach this size, even mid-pipeline.
 const FLUSH_AT: usize = 64 * 1024;
@@ -133,7 +134,9 @@ const KEEP: usize = 256 * 1024;
 /// What every connection shares.
 pub struct Shared {
     store: BytesStore,
-    stripes: Box<[Mutex<()>]>,
+    /// Padded: unpadded, 64 one-byte locks share a cache line, and writes of unrelated keys on
+    /// two workers bounce it.
+    stripes: Box<[CachePadded<RwLock<()>>]>,
     cursors: Mutex<Cursors>,
     config: Config,
     addr: SocketAddr,
@@ -162,9 +165,21 @@ impl Shared {
         (h % STRIPES as u64) as usize
     }
 
-    /// The lock serialising writers of `key` (and every key sharing its stripe).
-    fn stripe(&self, key: &[u8]) -> MutexGuard<'_, ()> {
-        self.stripes[self.stripe_of(key)].lock()
+    /// `key`'s stripe (shared with every key hashing to it), exclusively: for a command that
+    /// reads a key and writes it back (or writes several keys as one).
+    fn stripe(&self, key: &[u8]) -> RwLockWriteGuard<'_, ()> {
+        self.stripes[self.stripe_of(key)].write()
+    }
+
+    /// `key`'s stripe, shared: for a write that is one store call (atomic in the store, which
+    /// orders concurrent writers of a key itself), so that it does not fall inside an exclusive
+    /// holder's read-modify-write. Writers of one hot key do not queue on it.
+    fn stripe_shared(&self, key: &[u8]) -> RwLockReadGuard<'_, ()> {
+        self.stripes[self.stripe_of(key)].read()
+    }
+
+    fn new_stripes() -> Box<[CachePadded<RwLock<()>>]> {
+        (0..STRIPES).map(|_| CachePadded::new(RwLock::new(()))).collect()
     }
 }
 
@@ -215,7 +230,7 @@ impl Server {
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             store,
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: Shared::new_stripes(),
             cursors: Mutex::new(Cursors::default()),
             config,
             addr,
@@ -390,11 +405,52 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
 
 /// Runs one command; a command is one accounted operation (`serve --accounting`; one relaxed
 /// load when accounting is off).
-fn dispatch_counted(sh: &Shared, conn: &mut Conn, args: &[bytes::Bytes], out: &mut Out) -> Flow {
+fn dispatch_counted(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> Flow {
     let flow = commands::dispatch(sh, conn, args, out);
     numakv_pmem::account::op_end();
     flow
 }
+
+/// Most arguments passed on the stack; a longer request (MSET, MGET, DEL of many keys) collects
+/// its arguments into a vector.
+const STACK_ARGS: usize = 8;
+
+/// Runs the request the parser found at the front of `inbuf`, straight from the buffer, then
+/// drops it from the buffer.
+fn run_request(
+    sh: &Shared,
+    conn: &mut Conn,
+    inbuf: &mut BytesMut,
+    req: Request,
+    spans: &[(usize, usize)],
+    out: &mut Out,
+) -> Flow {
+    let (len, flow) = match req {
+        Request::Spans { len } if spans.is_empty() => (len, Flow::Continue),
+        Request::Spans { len } => {
+            let buf = &inbuf[..len];
+            let flow = if spans.len() <= STACK_ARGS {
+                let mut argv: [&[u8]; STACK_ARGS] = [&[]; STACK_ARGS];
+                for (a, &(s, e)) in argv.iter_mut().zip(spans) {
+                    *a = &buf[s..e];
+                }
+                dispatch_counted(sh, conn, &argv[..spans.len()], out)
+            } else {
+                let argv: Vec<&[u8]> = spans.iter().map(|&(s, e)| &buf[s..e]).collect();
+                dispatch_counted(sh, conn, &argv, out)
+            };
+            (len, flow)
+        }
+        Request::Inline { len, args } if args.is_empty() => (len, Flow::Continue),
+        Request::Inline { len, args } => {
+            let argv: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            (len, dispatch_counted(sh, conn, &argv, out))
+        }
+    };
+    inbuf.advance(len);
+    flow
+}
+
 /// Serves one connection: reads requests, runs every complete one in the buffer (pipelining),
 /// writes the replies in one go.
 async fn connection(sh: &Shared, mut sock: TcpStream, id: u64) -> io::Result<()> {
@@ -402,12 +458,12 @@ async fn connection(sh: &Shared, mut sock: TcpStream, id: u64) -> io::Result<()>
     let mut rx = sh.shutdown.subscribe();
     let mut inbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut out = Out::default();
-    let mut conn = Conn { id, name: None, scratch: Vec::new() };
+    let mut conn = Conn::new(id);
+    let mut spans = Vec::new();
     loop {
         loop {
-            match request::parse(&mut inbuf, &sh.config.limits) {
-                Ok(Some(args)) if args.is_empty() => {}
-                Ok(Some(args)) => match dispatch_counted(sh, &mut conn, &args, &mut out) {
+            match request::parse(&mut inbuf, &sh.config.limits, &mut spans) {
+                Ok(Some(req)) => match run_request(sh, &mut conn, &mut inbuf, req, &spans, &mut out) {
                     Flow::Continue => {
                         if out.buf.len() >= FLUSH_AT {
                             sock.write_all(&out.buf).await?;
@@ -415,10 +471,12 @@ async fn connection(sh: &Shared, mut sock: TcpStream, id: u64) -> io::Result<()>
                         }
                     }
                     Flow::Close => {
+                        sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
                         sock.write_all(&out.buf).await?;
                         return sock.shutdown().await;
                     }
                     Flow::Shutdown => {
+                        sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
                         sock.write_all(&out.buf).await?;
                         sh.shutdown.send_replace(true);
                         return Ok(());
@@ -432,6 +490,8 @@ async fn connection(sh: &Shared, mut sock: TcpStream, id: u64) -> io::Result<()>
                 }
             }
         }
+        // Once per batch: the batch's commands join the server's total.
+        sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
         if !out.buf.is_empty() {
             sock.write_all(&out.buf).await?;
             out.buf.clear();
@@ -467,9 +527,9 @@ mod interleavings {
     use std::sync::mpsc;
 
     fn incr(sh: &Shared, id: u64) -> Vec<u8> {
-        let mut conn = Conn { id, name: None, scratch: Vec::new() };
+        let mut conn = Conn::new(id);
         let mut out = Out::default();
-        let args = [bytes::Bytes::from_static(b"INCR"), bytes::Bytes::from_static(b"k")];
+        let args: [&[u8]; 2] = [b"INCR", b"k"];
         assert_eq!(commands::dispatch(sh, &mut conn, &args, &mut out), Flow::Continue);
         out.buf.to_vec()
     }
@@ -485,7 +545,7 @@ mod interleavings {
         let (shutdown, _) = watch::channel(false);
         let sh = Arc::new(Shared {
             store,
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: Shared::new_stripes(),
             cursors: Mutex::new(Cursors::default()),
             config: Config::default(),
             addr: "127.0.0.1:0".parse().unwrap(),

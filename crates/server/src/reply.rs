@@ -22,9 +22,10 @@ impl Out {
         }
     }
 
-    /// `+OK`.
+    /// `+OK`: every SET's reply, copied as is (through the encoder it cost 1.5% of a SET
+    /// benchmark's server CPU, measured with perf).
     pub fn ok(&mut self) {
-        self.simple("OK");
+        self.buf.extend_from_slice(b"+OK\r\n");
     }
 
     /// A simple string.
@@ -53,9 +54,9 @@ impl Out {
         self.frame(&BorrowedFrame::BulkString(b));
     }
 
-    /// The null bulk string.
+    /// The null bulk string (`$-1`, copied as is, like [`Out::ok`]).
     pub fn null(&mut self) {
-        self.frame(&BorrowedFrame::Null);
+        self.buf.extend_from_slice(b"$-1\r\n");
     }
 
     /// An array of bulk strings.
