@@ -526,19 +526,18 @@ mod interleavings {
     use std::sync::atomic::AtomicBool;
     use std::sync::mpsc;
 
-    fn incr(sh: &Shared, id: u64) -> Vec<u8> {
+    fn run(sh: &Shared, id: u64, args: &[&[u8]]) -> Vec<u8> {
         let mut conn = Conn::new(id);
         let mut out = Out::default();
-        let args: [&[u8]; 2] = [b"INCR", b"k"];
-        assert_eq!(commands::dispatch(sh, &mut conn, &args, &mut out), Flow::Continue);
+        assert_eq!(commands::dispatch(sh, &mut conn, args, &mut out), Flow::Continue);
         out.buf.to_vec()
     }
 
-    /// A second INCR of a key arriving while the first stands between its read and its write
-    /// waits for it; without the key's stripe lock it reads the same old value and one
-    /// increment is lost (this test then fails: checked by removing the lock in `incr_by`).
-    #[test]
-    fn incr_waits_for_an_incr_between_its_read_and_write() {
+    fn incr(sh: &Shared, id: u64) -> Vec<u8> {
+        run(sh, id, &[b"INCR", b"k"])
+    }
+
+    fn server() -> (tempfile::TempDir, Arc<Shared>) {
         let dir = tempfile::tempdir().unwrap();
         let opts = Options::default().capacity_per_node(64 << 20);
         let store = BytesStore::create(dir.path(), EngineKind::FastFair, opts).unwrap();
@@ -557,8 +556,16 @@ mod interleavings {
             rejected: AtomicU64::new(0),
             shutdown,
         });
+        (dir, sh)
+    }
+
+    /// Parks an INCR of `k` between its read and its write, runs `second` on another thread,
+    /// checks it does not finish while the INCR is parked, releases the INCR and returns both
+    /// replies and the final value of `k`.
+    fn behind_a_parked_incr(second: &'static [&'static [u8]]) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let (_dir, sh) = server();
         let sc = Scenario::setup();
-        // Park only the first INCR to get there; the second passes the point if it reaches it.
+        // Park only the first INCR to get there; a second one passes the point if it reaches it.
         let first_hit = Arc::new(AtomicBool::new(true));
         let p = sc.pause_when("server.incr.read", move || first_hit.swap(false, Ordering::SeqCst));
         let first = std::thread::spawn({
@@ -567,21 +574,45 @@ mod interleavings {
         });
         p.wait_parked(); // the first INCR has read "no value" and not written yet
         let (tx, rx) = mpsc::channel();
-        let second = std::thread::spawn({
+        let other = std::thread::spawn({
             let sh = Arc::clone(&sh);
-            move || tx.send(incr(&sh, 2)).unwrap()
+            move || tx.send(run(&sh, 2, second)).unwrap()
         });
         assert!(
             rx.recv_timeout(Duration::from_millis(300)).is_err(),
-            "a concurrent INCR went through the first one's read-modify-write window"
+            "{:?} went through an INCR's read-modify-write window",
+            second.iter().map(|a| String::from_utf8_lossy(a)).collect::<Vec<_>>()
         );
         p.release();
-        assert_eq!(first.join().unwrap(), b":1\r\n");
-        second.join().unwrap();
-        assert_eq!(rx.recv().unwrap(), b":2\r\n");
+        let first = first.join().unwrap();
+        other.join().unwrap();
+        let second = rx.recv().unwrap();
         drop(sc);
         let sh = Arc::try_unwrap(sh).unwrap();
-        assert_eq!(sh.store.get(b"k").unwrap().as_deref(), Some(&b"2"[..]));
+        let value = sh.store.get(b"k").unwrap().unwrap_or_default();
         sh.store.close().unwrap();
+        (first, second, value)
+    }
+
+    /// A second INCR of a key arriving while the first stands between its read and its write
+    /// waits for it; without the key's stripe lock it reads the same old value and one
+    /// increment is lost (this test then fails: checked by removing the lock in `incr_by`).
+    #[test]
+    fn incr_waits_for_an_incr_between_its_read_and_write() {
+        let (first, second, value) = behind_a_parked_incr(&[b"INCR", b"k"]);
+        assert_eq!(first, b":1\r\n");
+        assert_eq!(second, b":2\r\n");
+        assert_eq!(value, b"2");
+    }
+
+    /// A plain SET holds the stripe only shared, but still waits for an INCR's window: had it
+    /// written inside it, the INCR would overwrite it with a value computed from the older one
+    /// (checked by taking no stripe in `set`: this test then fails).
+    #[test]
+    fn set_waits_for_an_incr_between_its_read_and_write() {
+        let (first, second, value) = behind_a_parked_incr(&[b"SET", b"k", b"10"]);
+        assert_eq!(first, b":1\r\n");
+        assert_eq!(second, b"+OK\r\n");
+        assert_eq!(value, b"10", "the SET came after the INCR");
     }
 }
