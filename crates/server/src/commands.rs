@@ -446,8 +446,7 @@ impl Cursors {
 /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: up to COUNT keys examined per call in byte
 /// order, those matching returned; cursor 0 when the keyspace is exhausted.
 fn scan(sh: &Shared, a: &[&[u8]], out: &mut Out) {
-    let after: Option<Vec<u8>> = match std::str::from_utf8(a[0]).ok().and_then(|s| s.parse().ok())
-    {
+    let after: Option<Vec<u8>> = match std::str::from_utf8(a[0]).ok().and_then(|s| s.parse().ok()) {
         Some(0u64) => None,
         Some(id) => match sh.cursors.lock().map.get(&id) {
             Some(k) => Some(k.clone()),

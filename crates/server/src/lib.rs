@@ -43,9 +43,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
+use crossbeam_utils::CachePadded;
 use numakv::{BytesStore, MAX_KEY_LEN, MAX_VALUE_LEN};
 use numakv_numa::{Placement, Registration, Registry, Topology};
-use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -463,25 +463,27 @@ async fn connection(sh: &Shared, mut sock: TcpStream, id: u64) -> io::Result<()>
     loop {
         loop {
             match request::parse(&mut inbuf, &sh.config.limits, &mut spans) {
-                Ok(Some(req)) => match run_request(sh, &mut conn, &mut inbuf, req, &spans, &mut out) {
-                    Flow::Continue => {
-                        if out.buf.len() >= FLUSH_AT {
+                Ok(Some(req)) => {
+                    match run_request(sh, &mut conn, &mut inbuf, req, &spans, &mut out) {
+                        Flow::Continue => {
+                            if out.buf.len() >= FLUSH_AT {
+                                sock.write_all(&out.buf).await?;
+                                out.buf.clear();
+                            }
+                        }
+                        Flow::Close => {
+                            sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
                             sock.write_all(&out.buf).await?;
-                            out.buf.clear();
+                            return sock.shutdown().await;
+                        }
+                        Flow::Shutdown => {
+                            sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
+                            sock.write_all(&out.buf).await?;
+                            sh.shutdown.send_replace(true);
+                            return Ok(());
                         }
                     }
-                    Flow::Close => {
-                        sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
-                        sock.write_all(&out.buf).await?;
-                        return sock.shutdown().await;
-                    }
-                    Flow::Shutdown => {
-                        sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
-                        sock.write_all(&out.buf).await?;
-                        sh.shutdown.send_replace(true);
-                        return Ok(());
-                    }
-                },
+                }
                 Ok(None) => break,
                 Err(e) => {
                     out.err(&format!("ERR {e}"));
