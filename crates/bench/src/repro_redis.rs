@@ -409,10 +409,10 @@ pub fn redis(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)> {
     let threads = if o.threads == 0 { cpus } else { o.threads };
     let mut report = Report::default();
     let record = |report: &mut Report,
-                      name: &str,
-                      t: usize,
-                      persist: &str,
-                      r: Result<std::result::Result<Vec<BenchLine>, String>>| {
+                  name: &str,
+                  t: usize,
+                  persist: &str,
+                  r: Result<std::result::Result<Vec<BenchLine>, String>>| {
         match r {
             Ok(Ok(lines)) => {
                 for l in lines.iter().filter(|l| TESTS.contains(&l.test.as_str())) {
