@@ -17,6 +17,7 @@ use numakv::{ByteMap, IndexError};
 use redis_protocol::resp2::types::BorrowedFrame;
 
 use crate::glob;
+use crate::intent::LogError;
 use crate::reply::Out;
 use crate::Shared;
 
@@ -214,12 +215,7 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
             stripes.sort_unstable();
             stripes.dedup();
             let _guards: Vec<_> = stripes.iter().map(|&s| sh.stripes[s].write()).collect();
-            for kv in a.chunks(2) {
-                if let Err(e) = map.put(kv[0], kv[1]) {
-                    return store_err_flow(out, &e);
-                }
-            }
-            out.ok();
+            return mset(sh, a, out);
         }
         "incr" => incr_by(sh, conn, a[0], Some(1), out),
         "decr" => incr_by(sh, conn, a[0], Some(-1), out),
@@ -356,6 +352,56 @@ fn set(sh: &Shared, conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
         Ok(true) => out.ok(),
         Ok(false) => out.null(),
     }
+}
+
+/// MSET's puts, under the caller's exclusive stripes of every key. One pair is one put (atomic
+/// on its own); several go through the intent log ([`crate::intent`]): recorded durably first,
+/// cleared durably after the last put, before the reply — all or nothing across a crash.
+fn mset(sh: &Shared, a: &[&[u8]], out: &mut Out) -> Flow {
+    let map = sh.store.map();
+    if a.len() == 2 {
+        match map.put(a[0], a[1]) {
+            Ok(()) => out.ok(),
+            Err(e) => store_err(out, &e),
+        }
+        return Flow::Continue;
+    }
+    let slot = match sh.intents.begin(a) {
+        Ok(slot) => slot,
+        Err(e @ LogError::Failed(_)) => {
+            out.err(&format!("ERR {e}"));
+            return Flow::Continue;
+        }
+        Err(e @ LogError::Fatal(_)) => return fatal(out, &e),
+    };
+    let mut failed = None;
+    for (i, kv) in a.chunks(2).enumerate() {
+        if let Err(e) = map.put(kv[0], kv[1]) {
+            failed = Some((i, e));
+            break;
+        }
+        // After each put, with the intent durable: a crash here is what the replay is for.
+        numakv_pmem::pause_point!("server.mset.put");
+    }
+    // The record goes even when a put failed: the pairs not put would otherwise be put by the
+    // next open, after the client was told the MSET failed.
+    if let Err(e) = sh.intents.end(slot) {
+        return fatal(out, &e);
+    }
+    match failed {
+        None => out.ok(),
+        Some((i, e)) => {
+            out.err(&format!("ERR MSET stopped after {i} of {} pairs: {e}", a.len() / 2))
+        }
+    }
+    Flow::Continue
+}
+
+/// An intent log failure that leaves a record behind: reply, then shut the server down.
+fn fatal(out: &mut Out, e: &LogError) -> Flow {
+    eprintln!("numakv serve: {e}");
+    out.err(&format!("ERR {e}"));
+    Flow::Shutdown
 }
 
 fn incr_by(sh: &Shared, conn: &mut Conn, key: &[u8], delta: Option<i64>, out: &mut Out) {

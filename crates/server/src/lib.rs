@@ -32,6 +32,7 @@
 pub mod commands;
 mod glob;
 mod info;
+pub mod intent;
 pub mod reply;
 pub mod request;
 
@@ -138,6 +139,10 @@ pub struct Shared {
     /// two workers bounce it.
     stripes: Box<[CachePadded<RwLock<()>>]>,
     cursors: Mutex<Cursors>,
+    /// MSET's intent log, in the store directory.
+    intents: intent::Log,
+    /// What opening the intent log replayed.
+    replayed: intent::Replayed,
     config: Config,
     addr: SocketAddr,
     threads: usize,
@@ -227,11 +232,24 @@ impl Server {
                 return Err(e);
             }
         };
+        // Before the first connection: an MSET a crash cut short is completed.
+        let (intents, replayed) = match intent::Log::open(store.dir(), store.map()) {
+            Ok(log) => log,
+            Err(e) => {
+                let _ = store.close();
+                return Err(ServerError::Io {
+                    what: "replaying the MSET intent log".into(),
+                    source: e,
+                });
+            }
+        };
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             store,
             stripes: Shared::new_stripes(),
             cursors: Mutex::new(Cursors::default()),
+            intents,
+            replayed,
             config,
             addr,
             threads,
@@ -308,6 +326,12 @@ impl Server {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.shared.addr
+    }
+
+    /// The MSETs that a crash had cut short and that [`start`](Self::start) completed from the
+    /// intent log (and the torn records it dropped).
+    pub fn replayed(&self) -> &intent::Replayed {
+        &self.shared.replayed
     }
 
     /// A handle that can shut the server down.
@@ -544,10 +568,13 @@ mod interleavings {
         let opts = Options::default().capacity_per_node(64 << 20);
         let store = BytesStore::create(dir.path(), EngineKind::FastFair, opts).unwrap();
         let (shutdown, _) = watch::channel(false);
+        let (intents, replayed) = intent::Log::open(dir.path(), store.map()).unwrap();
         let sh = Arc::new(Shared {
             store,
             stripes: Shared::new_stripes(),
             cursors: Mutex::new(Cursors::default()),
+            intents,
+            replayed,
             config: Config::default(),
             addr: "127.0.0.1:0".parse().unwrap(),
             threads: 2,
