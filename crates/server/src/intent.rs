@@ -102,23 +102,29 @@ fn crc(len: &[u8], payload: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// An MSET's (key, value) pairs, in its order.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A record whose checksum or lengths are wrong: torn by a crash while it was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Torn;
+
 /// The pairs of the record at the start of `bytes`: `Ok(None)` for no record (cleared or an
-/// empty file), `Err(())` for a torn one.
-#[allow(clippy::result_unit_err)]
-pub fn decode(bytes: &[u8]) -> Result<Option<Vec<(Vec<u8>, Vec<u8>)>>, ()> {
+/// empty file), `Err(Torn)` for a torn one.
+pub fn decode(bytes: &[u8]) -> Result<Option<Pairs>, Torn> {
     if bytes.len() < HEADER || bytes[..8] != MAGIC {
         return Ok(None);
     }
     let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
-    let len = usize::try_from(word(8)).map_err(|_| ())?;
-    let payload = bytes.get(HEADER..HEADER.checked_add(len).ok_or(())?).ok_or(())?;
-    let stored = u32::from_le_bytes(bytes[16..20].try_into().map_err(|_| ())?);
+    let len = usize::try_from(word(8)).map_err(|_| Torn)?;
+    let payload = bytes.get(HEADER..HEADER.checked_add(len).ok_or(Torn)?).ok_or(Torn)?;
+    let stored = u32::from_le_bytes(bytes[16..20].try_into().map_err(|_| Torn)?);
     if crc(&bytes[8..16], payload) != stored {
-        return Err(());
+        return Err(Torn);
     }
     let mut at: usize = 0;
-    let mut take = |n: usize| -> Result<&[u8], ()> {
-        let s = payload.get(at..at.checked_add(n).ok_or(())?).ok_or(())?;
+    let mut take = |n: usize| -> Result<&[u8], Torn> {
+        let s = payload.get(at..at.checked_add(n).ok_or(Torn)?).ok_or(Torn)?;
         at += n;
         Ok(s)
     };
@@ -171,7 +177,7 @@ impl Log {
                     replayed.msets += 1;
                     replayed.pairs += pairs.len();
                 }
-                Err(()) => replayed.torn += 1,
+                Err(Torn) => replayed.torn += 1,
             }
             let slot = Slot { file, path };
             // PERSIST: the replayed puts are durable (each put is, on return) before the
@@ -249,7 +255,7 @@ mod tests {
         assert_eq!(got, vec![(b"k1".to_vec(), vec![]), (b"key\x00two".to_vec(), vec![0xff; 300])]);
         // Every truncation and every single flipped byte after the magic is caught.
         for cut in HEADER..rec.len() {
-            assert_eq!(decode(&rec[..cut]), Err(()), "cut {cut}");
+            assert_eq!(decode(&rec[..cut]), Err(Torn), "cut {cut}");
         }
         for i in 8..rec.len() {
             let mut bad = rec.clone();
@@ -257,7 +263,7 @@ mod tests {
             if (20..24).contains(&i) {
                 continue; // padding
             }
-            assert_eq!(decode(&bad), Err(()), "byte {i}");
+            assert_eq!(decode(&bad), Err(Torn), "byte {i}");
         }
         // A cleared record (magic zeroed) or an empty file is no record; trailing bytes of an
         // older, longer record do not matter.
