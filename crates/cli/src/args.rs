@@ -68,7 +68,7 @@ pub enum Command {
     Bench(Box<BenchArgs>),
     /// Run a scaled-down reproduction of a paper's table or figure (`repro list` lists them).
     Repro(ReproArgs),
-    /// Serve a bytes store over the Redis protocol (RESP2) until SHUTDOWN, SIGTERM or SIGINT,
+    /// Serve a bytes store over the Redis protocol (RESP2; RESP3 after HELLO 3) until SHUTDOWN, SIGTERM or SIGINT,
     /// then close it cleanly. Prints `listening on ADDR` once it accepts connections.
     #[command(after_long_help = engine_options_help())]
     Serve(ServeArgs),

@@ -75,7 +75,7 @@ pub const COMMANDS: &[(&str, i64, &str)] = &[
     ("flushall", -1, "Deletes every key."),
     ("flushdb", -1, "Deletes every key."),
     ("get", 2, "Returns the value of a key."),
-    ("hello", -1, "Handshake (RESP2 only)."),
+    ("hello", -1, "Handshake: RESP2 (HELLO 2) or RESP3 (HELLO 3)."),
     ("incr", 2, "Increments the integer value of a key by one."),
     ("incrby", 3, "Increments the integer value of a key by a number."),
     ("info", -1, "Server, clients, keyspace and numakv store information."),
@@ -578,14 +578,18 @@ fn config(sh: &Shared, a: &[&[u8]], out: &mut Out) {
                 ("proto-max-bulk-len", sh.config.limits.max_bulk.to_string()),
                 ("io-threads", sh.threads.to_string()),
             ];
-            let mut items: Vec<&[u8]> = Vec::new();
+            let mut items: Vec<(&str, &str)> = Vec::new();
             for (k, v) in &params {
                 if a[1..].iter().any(|p| glob::matches(&p.to_ascii_lowercase(), k.as_bytes())) {
-                    items.push(k.as_bytes());
-                    items.push(v.as_bytes());
+                    items.push((k, v));
                 }
             }
-            out.bulks(&items);
+            // A map, as Redis 7 answers (a flat array in RESP2).
+            out.map_header(items.len());
+            for (k, v) in items {
+                out.bulk(k.as_bytes());
+                out.bulk(v.as_bytes());
+            }
         }
         "get" => out.err("ERR wrong number of arguments for 'config|get' command"),
         "resetstat" => out.ok(),
@@ -717,11 +721,14 @@ fn client(conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
     }
 }
 
-/// HELLO [2 [SETNAME name]]: RESP2 only; HELLO 3 gets NOPROTO, so clients stay on RESP2.
+/// HELLO [protover [SETNAME name]]: protover 2 (RESP2) or 3 (RESP3, from this reply on); the
+/// reply is Redis's map of server properties.
 fn hello(conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
+    let mut resp3 = out.resp3;
     if let Some(v) = a.first() {
         match parse_i64(v) {
-            Some(2) => {}
+            Some(2) => resp3 = false,
+            Some(3) => resp3 = true,
             Some(_) => return out.err("NOPROTO sorry, this protocol version is not supported"),
             None => return out.err("ERR Protocol version is not an integer or out of range"),
         }
@@ -738,23 +745,24 @@ fn hello(conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
             }
         }
     }
-    let id = conn.id as i64;
-    out.frame(&BorrowedFrame::Array(&[
-        BorrowedFrame::BulkString(b"server"),
-        BorrowedFrame::BulkString(b"redis"),
-        BorrowedFrame::BulkString(b"version"),
-        BorrowedFrame::BulkString(crate::info::REDIS_VERSION.as_bytes()),
-        BorrowedFrame::BulkString(b"proto"),
-        BorrowedFrame::Integer(2),
-        BorrowedFrame::BulkString(b"id"),
-        BorrowedFrame::Integer(id),
-        BorrowedFrame::BulkString(b"mode"),
-        BorrowedFrame::BulkString(b"standalone"),
-        BorrowedFrame::BulkString(b"role"),
-        BorrowedFrame::BulkString(b"master"),
-        BorrowedFrame::BulkString(b"modules"),
-        BorrowedFrame::Array(&[]),
-    ]));
+    // The reply already speaks the protocol asked for, as Redis's does.
+    out.resp3 = resp3;
+    out.map_header(7);
+    for (k, v) in [
+        ("server", "redis"),
+        ("version", crate::info::REDIS_VERSION),
+        ("mode", "standalone"),
+        ("role", "master"),
+    ] {
+        out.bulk(k.as_bytes());
+        out.bulk(v.as_bytes());
+    }
+    out.bulk(b"proto");
+    out.int(if resp3 { 3 } else { 2 });
+    out.bulk(b"id");
+    out.int(conn.id as i64);
+    out.bulk(b"modules");
+    out.frame(&BorrowedFrame::Array(&[]));
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `numakv serve`: a Redis-protocol (RESP2) server over a numakv bytes store.
+//! `numakv serve`: a Redis-protocol (RESP2 and RESP3) server over a numakv bytes store.
 //!
 //! Clients no one here wrote — `redis-cli`, `redis-benchmark`, the `redis` crate, twemproxy —
 //! talk to a [`BytesStore`] through it. The runtime is tokio's multi-threaded scheduler; each
