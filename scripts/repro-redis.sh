@@ -5,7 +5,7 @@
 # A wrapper around `numakv repro redis` (crates/bench/src/repro_redis.rs), kept for its flags:
 #
 #   scripts/repro-redis.sh [-n REQUESTS] [-c CLIENTS] [-r KEYSPACE] [-d VALUE_BYTES] [--threads N]
-#       [--engines "fastfair nbtree nstore"] [--out DIR]
+#       [--engines "fastfair nbtree nstore"] [--rounds R] [--out DIR]
 #
 # Without -r every request uses redis-benchmark's one key; with -r the keys are "key:%012d", which
 # all share their first 8 bytes ("key:0000"), i.e. one byte-layer bucket (see the README).
@@ -24,6 +24,7 @@ while [ $# -gt 0 ]; do
         --threads) args+=(--threads "$2"); shift 2;;
         --engines) args+=(--engines "$(echo "$2" | tr ' ' ',')"); shift 2;;
         --out) args+=(--out "$2"); shift 2;;
+        --rounds) args+=(--rounds "$2"); shift 2;;
         *) echo "unknown option $1" >&2; exit 2;;
     esac
 done

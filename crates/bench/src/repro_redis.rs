@@ -43,6 +43,10 @@ pub struct RedisOptions {
     pub threads: usize,
     /// PM capacity per node of each store.
     pub capacity: u64,
+    /// Times the whole sequence (redis-server, then each engine) runs; the table shows each
+    /// figure's median over the rounds, and each ratio's median over the rounds of the ratio
+    /// to the same round's redis-server (on a shared machine one round's figures swing).
+    pub rounds: u32,
 }
 
 impl Default for RedisOptions {
@@ -57,6 +61,7 @@ impl Default for RedisOptions {
             keyspace: None,
             threads: 0,
             capacity: 2 << 30,
+            rounds: 1,
         }
     }
 }
@@ -342,6 +347,7 @@ fn benchmark(
 }
 
 fn run_result(
+    round: u32,
     server: &str,
     threads: usize,
     persist: &str,
@@ -364,6 +370,7 @@ fn run_result(
         throughput_mops: l.rps / 1e6,
         p50_ns: ns(l.p50_ms),
         p99_ns: ns(l.p99_ms),
+        counters: [("round".to_owned(), u64::from(round))].into(),
         ..RunResult::default()
     }
 }
@@ -409,6 +416,7 @@ pub fn redis(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)> {
     let threads = if o.threads == 0 { cpus } else { o.threads };
     let mut report = Report::default();
     let record = |report: &mut Report,
+                  round: u32,
                   name: &str,
                   t: usize,
                   persist: &str,
@@ -416,71 +424,88 @@ pub fn redis(opts: &ReproOptions) -> Result<(String, Report, Vec<PathBuf>)> {
         match r {
             Ok(Ok(lines)) => {
                 for l in lines.iter().filter(|l| TESTS.contains(&l.test.as_str())) {
-                    report.runs.push(run_result(name, t, persist, o, l));
+                    report.runs.push(run_result(round, name, t, persist, o, l));
                 }
             }
             Ok(Err(e)) => report.failures.push(RunFailure {
                 engine: name.into(),
                 workload: "SET,GET".into(),
                 threads: t,
-                error: e,
+                error: format!("round {round}: {e}"),
             }),
             Err(e) => report.failures.push(RunFailure {
                 engine: name.into(),
                 workload: "SET,GET".into(),
                 threads: t,
-                error: e.to_string(),
+                error: format!("round {round}: {e}"),
             }),
         }
     };
 
-    // redis-server, persistence off (no RDB snapshots, no AOF).
-    let port = free_port()?;
-    let r = (|| {
-        let mut cmd = Command::new(&server_bin);
-        cmd.args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(work.path());
-        let s = Server::start(REDIS, cmd, port, work.path().join("redis-server.log"))?;
-        let lines = benchmark(&bench_bin, o, port);
-        s.stop(&["SHUTDOWN", "NOSAVE"])?;
-        Ok(lines)
-    })();
-    record(&mut report, REDIS, 1, "none", r);
-
-    for e in &o.engines {
-        let name = format!("numakv-{e}");
+    // Rounds interleave the servers, so a slow spell of a shared machine hits all of them.
+    for round in 0..o.rounds.max(1) {
+        // redis-server, persistence off (no RDB snapshots, no AOF).
         let port = free_port()?;
-        let dir = work.path().join(e);
         let r = (|| {
-            let mut cmd = Command::new(&numakv);
-            cmd.arg("serve")
-                .arg(&dir)
-                .args(["--create", "--engine", e, "--capacity", &o.capacity.to_string()])
-                .args(["--mode", &opts.persist.to_string()])
-                .args(["--bind", &format!("127.0.0.1:{port}"), "--threads", &threads.to_string()]);
-            let s = Server::start(&name, cmd, port, work.path().join(format!("{e}.log")))?;
+            let mut cmd = Command::new(&server_bin);
+            cmd.args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(work.path());
+            let s = Server::start(REDIS, cmd, port, work.path().join("redis-server.log"))?;
             let lines = benchmark(&bench_bin, o, port);
-            // A clean exit: the store closed cleanly after the run.
-            s.stop(&["SHUTDOWN"])?;
+            s.stop(&["SHUTDOWN", "NOSAVE"])?;
             Ok(lines)
         })();
-        record(&mut report, &name, threads, &opts.persist.to_string(), r);
-        let _ = std::fs::remove_dir_all(&dir);
+        record(&mut report, round, REDIS, 1, "none", r);
+
+        for e in &o.engines {
+            let name = format!("numakv-{e}");
+            let port = free_port()?;
+            let dir = work.path().join(e);
+            let r = (|| {
+                let mut cmd = Command::new(&numakv);
+                cmd.arg("serve")
+                    .arg(&dir)
+                    .args(["--create", "--engine", e, "--capacity", &o.capacity.to_string()])
+                    .args(["--mode", &opts.persist.to_string()])
+                    .args([
+                        "--bind",
+                        &format!("127.0.0.1:{port}"),
+                        "--threads",
+                        &threads.to_string(),
+                    ]);
+                let s = Server::start(&name, cmd, port, work.path().join(format!("{e}.log")))?;
+                let lines = benchmark(&bench_bin, o, port);
+                // A clean exit: the store closed cleanly after the run.
+                s.stop(&["SHUTDOWN"])?;
+                Ok(lines)
+            })();
+            record(&mut report, round, &name, threads, &opts.persist.to_string(), r);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
     let md = markdown(opts, &report, threads, cpus);
     Ok((md, report, Vec::new()))
+}
+
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    Some(if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 })
 }
 
 fn markdown(opts: &ReproOptions, report: &Report, threads: usize, cpus: usize) -> String {
@@ -502,7 +527,7 @@ fn markdown(opts: &ReproOptions, report: &Report, threads: usize, cpus: usize) -
          turn, on 127.0.0.1, {keys}. `redis-server` with persistence off (`--save '' \
          --appendonly no`), one thread; `numakv serve --threads {threads}` on a new bytes store \
          per engine ({} mode, in {}); {cpus} CPUs, shared by the server and redis-benchmark. \
-         Each server is shut down with SHUTDOWN before the next starts.\n",
+         Each server is shut down with SHUTDOWN before the next starts; {}.\n",
         o.requests,
         o.clients,
         o.value_bytes,
@@ -513,6 +538,15 @@ fn markdown(opts: &ReproOptions, report: &Report, threads: usize, cpus: usize) -
             || crate::default_scratch().display().to_string(),
             |p| p.display().to_string()
         ),
+        if o.rounds > 1 {
+            format!(
+                "{} rounds of the whole sequence; each figure is the median over the rounds, \
+                 each ratio the median of the ratios to the same round's redis-server",
+                o.rounds
+            )
+        } else {
+            "one round (`--rounds N` repeats the sequence and reports medians)".into()
+        },
     );
     md.push_str(
         "## The claim\n\n\
@@ -523,45 +557,53 @@ fn markdown(opts: &ReproOptions, report: &Report, threads: usize, cpus: usize) -
          | server | SET req/s | SET / redis | SET p99 ms | GET req/s | GET / redis | GET p99 ms |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
     );
-    let find = |server: &str, test: &str| {
-        report.runs.iter().find(|r| r.engine == server && r.workload == test)
+    let round_of = |r: &RunResult| r.counters.get("round").copied().unwrap_or(0);
+    let runs = |server: &str, test: &str| -> Vec<&RunResult> {
+        report.runs.iter().filter(|r| r.engine == server && r.workload == test).collect()
+    };
+    // Median rps, median ratio to the same round's redis-server, median p99 (ms).
+    let summary = |server: &str, test: &str| -> Option<(f64, Option<f64>, Option<f64>)> {
+        let rs = runs(server, test);
+        if rs.is_empty() {
+            return None;
+        }
+        let base = runs(REDIS, test);
+        let ratios: Vec<f64> = rs
+            .iter()
+            .filter_map(|r| {
+                let b = base.iter().find(|b| round_of(b) == round_of(r))?;
+                (b.throughput_mops > 0.0).then(|| r.throughput_mops / b.throughput_mops)
+            })
+            .collect();
+        let p99s: Vec<f64> =
+            rs.iter().filter(|r| r.p99_ns > 0).map(|r| r.p99_ns as f64 / 1e6).collect();
+        let rps: Vec<f64> = rs.iter().map(|r| r.throughput_mops * 1e6).collect();
+        Some((median(rps)?, median(ratios), median(p99s)))
     };
     let mut servers: Vec<String> = vec![REDIS.into()];
     servers.extend(o.engines.iter().map(|e| format!("numakv-{e}")));
+    let mut below = Vec::new();
     for s in &servers {
-        if find(s, "SET").is_none() && find(s, "GET").is_none() {
+        if runs(s, "SET").is_empty() && runs(s, "GET").is_empty() {
             let _ = writeln!(md, "| {s} | failed | | | | | |");
             continue;
         }
         let _ = write!(md, "| {s} |");
         for t in TESTS {
-            match find(s, t) {
-                Some(r) => {
-                    let ratio = find(REDIS, t)
-                        .filter(|b| b.throughput_mops > 0.0)
-                        .map_or("n/a".into(), |b| {
-                            format!("{:.2}x", r.throughput_mops / b.throughput_mops)
-                        });
-                    let p99 = if r.p99_ns > 0 {
-                        format!("{:.3}", r.p99_ns as f64 / 1e6)
-                    } else {
-                        "n/a".into()
-                    };
-                    let _ = write!(md, " {:.0} | {ratio} | {p99} |", r.throughput_mops * 1e6);
+            match summary(s, t) {
+                Some((rps, ratio, p99)) => {
+                    let ratio_s = ratio.map_or("n/a".into(), |x| format!("{x:.2}x"));
+                    let p99 = p99.map_or("n/a".into(), |x| format!("{x:.3}"));
+                    let _ = write!(md, " {rps:.0} | {ratio_s} | {p99} |");
+                    if s != REDIS && ratio.is_some_and(|x| x < GOAL) {
+                        below.push(format!("{s} {t}"));
+                    }
                 }
                 None => md.push_str(" failed | | |"),
             }
         }
         md.push('\n');
     }
-    let below: Vec<String> = servers[1..]
-        .iter()
-        .flat_map(|s| TESTS.iter().map(move |t| (s, *t)))
-        .filter_map(|(s, t)| {
-            let (r, b) = (find(s, t)?, find(REDIS, t)?);
-            (r.throughput_mops < GOAL * b.throughput_mops).then(|| format!("{s} {t}"))
-        })
-        .collect();
     let _ = writeln!(
         md,
         "\nBelow the {GOAL}x goal in this run: {}.",
@@ -636,7 +678,7 @@ mod tests {
         let mut report = Report::default();
         for (s, set, get) in [(REDIS, 1000.0, 2000.0), ("numakv-fastfair", 500.0, 1800.0)] {
             for l in [line("SET", set), line("GET", get)] {
-                report.runs.push(run_result(s, 1, "adr", &o, &l));
+                report.runs.push(run_result(0, s, 1, "adr", &o, &l));
             }
         }
         report.failures.push(RunFailure {
@@ -657,6 +699,49 @@ mod tests {
         assert!(md.contains("| numakv-nbtree | failed |"), "{md}");
         assert!(md.contains("Below the 0.8x goal in this run: numakv-fastfair SET."), "{md}");
         assert!(md.contains("ERR out of PM"), "{md}");
+    }
+
+    #[test]
+    fn medians_over_rounds() {
+        let o =
+            RedisOptions { engines: vec!["fastfair".into()], rounds: 3, ..RedisOptions::default() };
+        let opts = ReproOptions { redis: o.clone(), ..ReproOptions::default() };
+        let line = |t: &str, rps: f64, p99: f64| BenchLine {
+            test: t.into(),
+            rps,
+            p50_ms: None,
+            p99_ms: Some(p99),
+        };
+        let mut report = Report::default();
+        // Round by round: redis 1000 / 400 / 800, fastfair 900 / 390 / 400 (ratios 0.9, 0.975,
+        // 0.5): the ratio's median is 0.9, not the ratio of the medians (800 / 400 = 0.5).
+        for (round, rd, ff) in [(0, 1000.0, 900.0), (1, 400.0, 390.0), (2, 800.0, 400.0)] {
+            for t in TESTS {
+                report.runs.push(run_result(round, REDIS, 1, "none", &o, &line(t, rd, 1.0)));
+                let p99 = f64::from(round) + 2.0;
+                report.runs.push(run_result(
+                    round,
+                    "numakv-fastfair",
+                    2,
+                    "adr",
+                    &o,
+                    &line(t, ff, p99),
+                ));
+            }
+        }
+        let md = markdown(&opts, &report, 2, 2);
+        assert!(
+            md.contains("| redis-server | 800 | 1.00x | 1.000 | 800 | 1.00x | 1.000 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| numakv-fastfair | 400 | 0.90x | 3.000 | 400 | 0.90x | 3.000 |"),
+            "{md}"
+        );
+        assert!(md.contains("3 rounds of the whole sequence"), "{md}");
+        assert!(md.contains("Below the 0.8x goal in this run: none."), "{md}");
+        assert_eq!(median(vec![3.0, 1.0, 2.0, 10.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
     }
 
     #[test]

@@ -390,6 +390,10 @@ pub struct ReproArgs {
     /// `redis`: random keys out of N (redis-benchmark -r) [default: every request uses one key].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub keyspace: Option<u64>,
+    /// `redis`: times the whole sequence of servers runs; the table reports medians.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
     /// `redis`: SET value bytes (redis-benchmark -d).
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]

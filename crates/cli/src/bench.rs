@@ -198,6 +198,7 @@ pub fn redis_options(a: &ReproArgs) -> Result<RedisOptions, CliError> {
         clients: a.clients,
         keyspace: a.keyspace,
         value_bytes: a.value_bytes,
+        rounds: a.rounds,
         threads: a.threads.map_or(0, |t| t as usize),
         ..RedisOptions::default()
     })
