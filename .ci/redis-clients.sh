@@ -74,6 +74,15 @@ expect "ERR SET EX is not supported: numakv keys do not expire" "${R[@]}" set k 
 expect OK "${R[@]}" flushdb
 expect 0 "${R[@]}" dbsize
 
+echo "== redis-cli -3 (RESP3 after HELLO 3)"
+R3=(redis-cli -3 -p "$port")
+"${R3[@]}" hello 3 | grep -qx 'proto 3' || fail "HELLO 3 does not answer proto 3"
+expect "appendonly no" "${R3[@]}" config get appendonly  # a map (RESP2: two lines)
+expect OK "${R3[@]}" set r3 v
+expect v "${R3[@]}" get r3
+expect "" "${R3[@]}" get missing
+expect 1 "${R3[@]}" del r3
+
 echo "== redis-benchmark -t ping,set,get,mset,incr -n 50000 -P 16 -q"
 redis-benchmark -p "$port" -t ping,set,get,mset,incr -n 50000 -P 16 -q >"$work/bench.out" 2>&1 \
     || { cat "$work/bench.out"; fail "redis-benchmark exited $?"; }

@@ -33,6 +33,15 @@ pub enum BenchError {
         /// The reproduction names, comma-separated.
         available: String,
     },
+    /// An external program a reproduction drives is not installed (`repro redis`:
+    /// `redis-server`, `redis-benchmark`).
+    #[error("{tool} is not installed or not on PATH: {hint}")]
+    MissingTool {
+        /// The program's name.
+        tool: String,
+        /// How to get it.
+        hint: String,
+    },
     /// An index operation, open or check failed.
     #[error(transparent)]
     Index(#[from] numakv_index::Error),

@@ -40,6 +40,7 @@ mod repro_f3tree;
 mod repro_nap;
 mod repro_nobtree;
 pub mod repro_nstore;
+pub mod repro_redis;
 pub mod runner;
 pub mod target;
 pub mod workload;

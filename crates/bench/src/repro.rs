@@ -16,6 +16,8 @@
 //!   NBTree vs NBTree-W vs NBTree-WR vs coupled leaves (and FAST&FAIR) side by side.
 //! - `value-size`: the byte-string layer's scans and recovery versus value size
 //!   (papers/nstore.txt Figs. 9(b), 16), in [`crate::repro_bytes`].
+//! - `redis`: `redis-benchmark` SET/GET against `numakv serve` (fastfair, nbtree, nstore) and
+//!   `redis-server`, in one run (issue 23; papers/nbtree.txt §VI-I), in [`crate::repro_redis`].
 //! - `nbtree-alloc`: NBTree's allocators (papers/nbtree.txt §VI-F, Fig. 15) — Calloc vs the
 //!   naive bump allocator vs the page heap, inserts and inserts + deletes, side by side.
 
@@ -124,6 +126,11 @@ pub const REPROS: &[ReproInfo] = &[
         source: "papers/nstore.txt §V-H Fig. 9(b), §V-G Fig. 16",
     },
     ReproInfo {
+        name: "redis",
+        title: "redis-benchmark SET/GET -P 16: numakv serve (crash-persistent) vs redis-server (persistence off)",
+        source: "issue 23; papers/nbtree.txt §VI-I (the trees inside Redis)",
+    },
+    ReproInfo {
         name: "recovery",
         title: "recovery time after a crash versus key count",
         source:
@@ -157,6 +164,8 @@ pub struct ReproOptions {
     /// Worker threads of `nbtree-factors` (default 2; the paper's Figs. 13–14 ran 56): its
     /// factors are about contention, which grows with the thread count.
     pub threads: Option<usize>,
+    /// `redis`: the servers and `redis-benchmark`'s knobs.
+    pub redis: crate::repro_redis::RedisOptions,
 }
 
 impl Default for ReproOptions {
@@ -170,6 +179,7 @@ impl Default for ReproOptions {
             quiet: false,
             scratch: None,
             threads: None,
+            redis: crate::repro_redis::RedisOptions::default(),
         }
     }
 }
@@ -220,6 +230,7 @@ pub fn run(
         "nap-remote" => crate::repro_nap::remote(targets, opts, progress)?,
         "nap-shift" => crate::repro_nap::shift(opts)?,
         "value-size" => crate::repro_bytes::value_size(targets, opts, progress)?,
+        "redis" => crate::repro_redis::redis(opts)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

@@ -276,7 +276,8 @@ fn repros_run_on_peers() {
         Arc::new(peers::PeerTarget(Peer::SccTree)),
         Arc::new(Reopening { opened: Arc::new(AtomicUsize::new(0)) }),
     ];
-    for info in repro::list() {
+    // `redis` drives redis-server and `numakv serve` processes, not targets (crates/cli's tests).
+    for info in repro::list().iter().filter(|r| r.name != "redis") {
         let out = repro::run(info.name, &targets, &opts, Progress::Hidden).unwrap();
         assert!(out.report.failures.is_empty(), "{}: {:?}", info.name, out.report.failures);
         assert!(out.files.iter().all(|f| f.exists()));

@@ -68,7 +68,7 @@ pub enum Command {
     Bench(Box<BenchArgs>),
     /// Run a scaled-down reproduction of a paper's table or figure (`repro list` lists them).
     Repro(ReproArgs),
-    /// Serve a bytes store over the Redis protocol (RESP2) until SHUTDOWN, SIGTERM or SIGINT,
+    /// Serve a bytes store over the Redis protocol (RESP2; RESP3 after HELLO 3) until SHUTDOWN, SIGTERM or SIGINT,
     /// then close it cleanly. Prints `listening on ADDR` once it accepts connections.
     #[command(after_long_help = engine_options_help())]
     Serve(ServeArgs),
@@ -375,9 +375,29 @@ pub struct ReproArgs {
     /// Where stores are created [default: /dev/shm if writable, else the temp directory].
     #[arg(long, value_name = "DIR")]
     pub scratch: Option<PathBuf>,
-    /// Worker threads of `nbtree-factors` [default: 2; the paper ran 56].
+    /// Worker threads of `nbtree-factors` [default: 2; the paper ran 56]; for `redis`, the
+    /// `numakv serve --threads` [default: one per CPU].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: Option<u64>,
+    /// `redis`: requests per test (redis-benchmark -n).
+    #[arg(long, value_name = "N", default_value_t = 200_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: u64,
+    /// `redis`: parallel connections (redis-benchmark -c).
+    #[arg(long, value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub clients: u32,
+    /// `redis`: random keys out of N (redis-benchmark -r) [default: every request uses one key].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keyspace: Option<u64>,
+    /// `redis`: times the whole sequence of servers runs; the table reports medians.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
+    /// `redis`: SET value bytes (redis-benchmark -d).
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub value_bytes: u32,
     /// No progress bars.
     #[arg(long, short)]
     pub quiet: bool,

@@ -6,7 +6,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use numakv::EngineKind;
 use numakv_bench::repro::{self, ReproOptions};
+use numakv_bench::repro_redis::{self, RedisOptions};
 use numakv_bench::{engines, presets, target, BenchConfig, Progress};
 
 use crate::args::{BenchArgs, ReproArgs};
@@ -135,7 +137,12 @@ pub fn repro(
             available.join(", ")
         )));
     }
-    let targets = engines::select(std::slice::from_ref(&a.engines))?;
+    // `redis` serves bytes stores from `numakv serve` processes: engine names, not targets.
+    let (targets, redis) = if name == "redis" {
+        (Vec::new(), redis_options(a)?)
+    } else {
+        (engines::select(std::slice::from_ref(&a.engines))?, RedisOptions::default())
+    };
     let opts = ReproOptions {
         out_dir: a
             .out
@@ -148,6 +155,7 @@ pub fn repro(
         quiet: a.quiet,
         scratch: a.scratch.clone(),
         threads: a.threads.map(|t| t as usize),
+        redis,
     };
     let started = Instant::now();
     let output = repro::run(&name, &targets, &opts, Progress::Auto)?;
@@ -162,6 +170,38 @@ pub fn repro(
         let _ = writeln!(err, "wrote {}", path.display());
     }
     failures(&output.report, err)
+}
+
+/// `repro redis`'s knobs from the flags; `--engines`: `default` (fastfair, nbtree, nstore),
+/// `all` (every engine) or engine names, comma-separated.
+pub fn redis_options(a: &ReproArgs) -> Result<RedisOptions, CliError> {
+    let engines: Vec<String> = match a.engines.trim() {
+        "default" => repro_redis::DEFAULT_ENGINES.iter().map(|e| (*e).to_owned()).collect(),
+        "all" => EngineKind::ALL.iter().map(|k| k.name().to_owned()).collect(),
+        list => list.split(',').map(|e| e.trim().to_owned()).filter(|e| !e.is_empty()).collect(),
+    };
+    if let Some(bad) = engines.iter().find(|e| EngineKind::from_name(e).is_none()) {
+        let known: Vec<&str> = EngineKind::ALL.iter().map(|k| k.name()).collect();
+        return Err(CliError::Usage(format!(
+            "repro redis: {bad:?} is not an engine (engines: {}; or default, all)",
+            known.join(", ")
+        )));
+    }
+    if engines.is_empty() {
+        return Err(CliError::Usage("repro redis: --engines names no engine".into()));
+    }
+    let numakv = std::env::current_exe().map_err(CliError::Output)?;
+    Ok(RedisOptions {
+        numakv: Some(numakv),
+        engines,
+        requests: a.requests,
+        clients: a.clients,
+        keyspace: a.keyspace,
+        value_bytes: a.value_bytes,
+        rounds: a.rounds,
+        threads: a.threads.map_or(0, |t| t as usize),
+        ..RedisOptions::default()
+    })
 }
 
 /// Exit status 3 if any run failed (the table and files still hold the others).

@@ -52,6 +52,14 @@ pub fn serve(a: &ServeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         ..Config::default()
     };
     let server = Server::start(store, config)?;
+    let r = server.replayed();
+    if r.msets > 0 || r.torn > 0 {
+        writeln!(
+            err,
+            "note: completed {} MSET(s) ({} pairs) a crash had cut short; dropped {} torn record(s)",
+            r.msets, r.pairs, r.torn
+        )?;
+    }
     writeln!(
         out,
         "listening on {} ({} bytes store {})",

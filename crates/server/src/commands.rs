@@ -2,19 +2,22 @@
 //!
 //! Every call into the store runs right here, on the tokio worker thread that serves the
 //! connection (see docs/design.md, "Redis-protocol server"): a store call is a few microseconds of
-//! PM work that never waits on I/O. Writes of one key are serialised by a striped mutex
-//! ([`Shared::stripe`]), so read-modify-write commands (INCR, APPEND, SET ... GET) cannot lose a
-//! concurrent update; plain reads take no lock (the store's reads are linearizable on their own).
+//! PM work that never waits on I/O. Writes of a key hold its stripe, a reader-writer lock
+//! ([`Shared::stripe`]): read-modify-write commands (INCR, APPEND, SET ... GET, MSET) hold it
+//! exclusively, so they cannot lose a concurrent update; a write that is one store call (SET,
+//! SET NX/XX, DEL) holds it shared — the store call is atomic on its own, and it only has to stay
+//! out of a read-modify-write's window. Plain reads take no lock (the store's reads are
+//! linearizable on their own).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
 use numakv::{ByteMap, IndexError};
 use redis_protocol::resp2::types::BorrowedFrame;
 
 use crate::glob;
+use crate::intent::LogError;
 use crate::reply::Out;
 use crate::Shared;
 
@@ -35,9 +38,25 @@ pub struct Conn {
     /// Connection id (CLIENT ID).
     pub id: u64,
     /// CLIENT SETNAME.
-    pub name: Option<Bytes>,
+    pub name: Option<Vec<u8>>,
     /// Reused value buffer for GET-like commands.
     pub scratch: Vec<u8>,
+    /// Commands run since the last [`Conn::take_commands`] (added to the server's total once
+    /// per batch, not per command: one shared counter bumped by every worker per command is a
+    /// cache line bouncing between them).
+    pub commands: u64,
+}
+
+impl Conn {
+    /// A connection's state before its first command.
+    pub fn new(id: u64) -> Conn {
+        Conn { id, name: None, scratch: Vec::new(), commands: 0 }
+    }
+
+    /// The commands counted since the last call.
+    pub fn take_commands(&mut self) -> u64 {
+        std::mem::take(&mut self.commands)
+    }
 }
 
 /// The commands: name, Redis arity (positive: exact count including the name; negative: at
@@ -56,7 +75,7 @@ pub const COMMANDS: &[(&str, i64, &str)] = &[
     ("flushall", -1, "Deletes every key."),
     ("flushdb", -1, "Deletes every key."),
     ("get", 2, "Returns the value of a key."),
-    ("hello", -1, "Handshake (RESP2 only)."),
+    ("hello", -1, "Handshake: RESP2 (HELLO 2) or RESP3 (HELLO 3)."),
     ("incr", 2, "Increments the integer value of a key by one."),
     ("incrby", 3, "Increments the integer value of a key by a number."),
     ("info", -1, "Server, clients, keyspace and numakv store information."),
@@ -75,6 +94,16 @@ pub const COMMANDS: &[(&str, i64, &str)] = &[
 
 const INVALID_INT: &str = "ERR value is not an integer or out of range";
 const SYNTAX: &str = "ERR syntax error";
+
+/// The command table's entry for `name` (any case), without allocating: command names are short.
+fn lookup(name: &[u8]) -> Option<&'static (&'static str, i64, &'static str)> {
+    let mut low = [0u8; 16];
+    let low = low.get_mut(..name.len())?;
+    for (d, s) in low.iter_mut().zip(name) {
+        *d = s.to_ascii_lowercase();
+    }
+    COMMANDS.iter().find(|c| c.0.as_bytes() == low)
+}
 
 fn lower(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_ascii_lowercase()
@@ -103,9 +132,8 @@ fn store_err(out: &mut Out, e: &IndexError) {
 }
 
 /// Runs one request (`args[0]` is the command name).
-pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[Bytes], out: &mut Out) -> Flow {
-    let name = lower(&args[0]);
-    let Some(&(_, arity, _)) = COMMANDS.iter().find(|c| c.0 == name) else {
+pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> Flow {
+    let Some(&(name, arity, _)) = lookup(args[0]) else {
         let mut msg = format!(
             "ERR unknown command '{}', with args beginning with: ",
             String::from_utf8_lossy(&args[0][..args[0].len().min(128)])
@@ -121,17 +149,21 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[Bytes], out: &mut Out) -> 
         out.err(&format!("ERR wrong number of arguments for '{name}' command"));
         return Flow::Continue;
     }
-    sh.commands.fetch_add(1, Ordering::Relaxed);
+    if name == "info" {
+        // INFO's total_commands_processed includes this connection's batch so far.
+        sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
+    }
+    conn.commands += 1;
     let map = sh.store.map();
     let a = &args[1..];
-    match name.as_str() {
+    match name {
         "ping" => match a {
             [] => out.simple("PONG"),
             [m] => out.bulk(m),
             _ => out.err("ERR wrong number of arguments for 'ping' command"),
         },
-        "echo" => out.bulk(&a[0]),
-        "get" => match map.get_into(&a[0], &mut conn.scratch) {
+        "echo" => out.bulk(a[0]),
+        "get" => match map.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.bulk(&conn.scratch),
             Ok(false) => out.null(),
             Err(e) => store_err(out, &e),
@@ -140,7 +172,8 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[Bytes], out: &mut Out) -> 
         "del" => {
             let mut n = 0;
             for k in a {
-                let _g = sh.stripe(k);
+                // One store call: shared (see `Shared::stripe_shared`).
+                let _g = sh.stripe_shared(k);
                 match map.delete(k) {
                     Ok(true) => n += 1,
                     Ok(false) => {}
@@ -160,7 +193,7 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[Bytes], out: &mut Out) -> 
             }
             out.int(n);
         }
-        "type" => match map.get_into(&a[0], &mut conn.scratch) {
+        "type" => match map.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.simple("string"),
             Ok(false) => out.simple("none"),
             Err(e) => store_err(out, &e),
@@ -178,34 +211,29 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[Bytes], out: &mut Out) -> 
         "mset" => {
             // Lock every stripe involved (in order, so two MSETs cannot deadlock), so no INCR
             // or SET ... GET of these keys interleaves with the batch.
-            let mut stripes: Vec<usize> = a.chunks(2).map(|kv| sh.stripe_of(&kv[0])).collect();
+            let mut stripes: Vec<usize> = a.chunks(2).map(|kv| sh.stripe_of(kv[0])).collect();
             stripes.sort_unstable();
             stripes.dedup();
-            let _guards: Vec<_> = stripes.iter().map(|&s| sh.stripes[s].lock()).collect();
-            for kv in a.chunks(2) {
-                if let Err(e) = map.put(&kv[0], &kv[1]) {
-                    return store_err_flow(out, &e);
-                }
-            }
-            out.ok();
+            let _guards: Vec<_> = stripes.iter().map(|&s| sh.stripes[s].write()).collect();
+            return mset(sh, a, out);
         }
-        "incr" => incr_by(sh, conn, &a[0], Some(1), out),
-        "decr" => incr_by(sh, conn, &a[0], Some(-1), out),
-        "incrby" => incr_by(sh, conn, &a[0], parse_i64(&a[1]), out),
-        "decrby" => incr_by(sh, conn, &a[0], parse_i64(&a[1]).and_then(|d| d.checked_neg()), out),
-        "strlen" => match map.get_into(&a[0], &mut conn.scratch) {
+        "incr" => incr_by(sh, conn, a[0], Some(1), out),
+        "decr" => incr_by(sh, conn, a[0], Some(-1), out),
+        "incrby" => incr_by(sh, conn, a[0], parse_i64(a[1]), out),
+        "decrby" => incr_by(sh, conn, a[0], parse_i64(a[1]).and_then(|d| d.checked_neg()), out),
+        "strlen" => match map.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.int(conn.scratch.len() as i64),
             Ok(false) => out.int(0),
             Err(e) => store_err(out, &e),
         },
         "append" => {
-            let _g = sh.stripe(&a[0]);
-            let r = match map.get_into(&a[0], &mut conn.scratch) {
+            let _g = sh.stripe(a[0]);
+            let r = match map.get_into(a[0], &mut conn.scratch) {
                 Ok(true) => {
-                    conn.scratch.extend_from_slice(&a[1]);
-                    map.put(&a[0], &conn.scratch).map(|()| conn.scratch.len())
+                    conn.scratch.extend_from_slice(a[1]);
+                    map.put(a[0], &conn.scratch).map(|()| conn.scratch.len())
                 }
-                Ok(false) => map.put(&a[0], &a[1]).map(|()| a[1].len()),
+                Ok(false) => map.put(a[0], a[1]).map(|()| a[1].len()),
                 Err(e) => Err(e),
             };
             match r {
@@ -219,7 +247,7 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[Bytes], out: &mut Out) -> 
         },
         "scan" => scan(sh, a, out),
         "keys" => {
-            let pat = &a[0];
+            let pat = a[0];
             let prefix = glob::literal_prefix(pat);
             let mut keys = Vec::new();
             for r in map.scan_prefix(&prefix, usize::MAX) {
@@ -236,7 +264,7 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[Bytes], out: &mut Out) -> 
             [m] if eq(m, "sync") || eq(m, "async") => flush(sh, out),
             _ => out.err(SYNTAX),
         },
-        "select" => match parse_i64(&a[0]) {
+        "select" => match parse_i64(a[0]) {
             Some(0) => out.ok(),
             Some(_) => out.err("ERR DB index is out of range"),
             None => out.err(INVALID_INT),
@@ -271,12 +299,12 @@ fn store_err_flow(out: &mut Out, e: &IndexError) -> Flow {
 }
 
 /// SET key value [NX|XX] [GET] [KEEPTTL]; EX/PX/EXAT/PXAT are refused (keys do not expire).
-fn set(sh: &Shared, conn: &mut Conn, a: &[Bytes], out: &mut Out) {
-    let (key, value) = (&a[0], &a[1]);
+fn set(sh: &Shared, conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
+    let (key, value) = (a[0], a[1]);
     let (mut nx, mut xx, mut get) = (false, false, false);
     let mut i = 2;
     while i < a.len() {
-        let o = &a[i];
+        let o = a[i];
         if eq(o, "nx") && !xx {
             nx = true;
         } else if eq(o, "xx") && !nx {
@@ -298,7 +326,10 @@ fn set(sh: &Shared, conn: &mut Conn, a: &[Bytes], out: &mut Out) {
         i += 1;
     }
     let map = sh.store.map();
-    let _g = sh.stripe(key);
+    // SET ... GET reads, then writes: exclusive. Without GET it is one store call (put, insert
+    // or update, each atomic in the store): shared, so SETs of one key do not queue here.
+    let (_exclusive, _shared) =
+        if get { (Some(sh.stripe(key)), None) } else { (None, Some(sh.stripe_shared(key))) };
     let old = if get {
         match map.get_into(key, &mut conn.scratch) {
             Ok(present) => present,
@@ -321,6 +352,56 @@ fn set(sh: &Shared, conn: &mut Conn, a: &[Bytes], out: &mut Out) {
         Ok(true) => out.ok(),
         Ok(false) => out.null(),
     }
+}
+
+/// MSET's puts, under the caller's exclusive stripes of every key. One pair is one put (atomic
+/// on its own); several go through the intent log ([`crate::intent`]): recorded durably first,
+/// cleared durably after the last put, before the reply — all or nothing across a crash.
+fn mset(sh: &Shared, a: &[&[u8]], out: &mut Out) -> Flow {
+    let map = sh.store.map();
+    if a.len() == 2 {
+        match map.put(a[0], a[1]) {
+            Ok(()) => out.ok(),
+            Err(e) => store_err(out, &e),
+        }
+        return Flow::Continue;
+    }
+    let slot = match sh.intents.begin(a) {
+        Ok(slot) => slot,
+        Err(e @ LogError::Failed(_)) => {
+            out.err(&format!("ERR {e}"));
+            return Flow::Continue;
+        }
+        Err(e @ LogError::Fatal(_)) => return fatal(out, &e),
+    };
+    let mut failed = None;
+    for (i, kv) in a.chunks(2).enumerate() {
+        if let Err(e) = map.put(kv[0], kv[1]) {
+            failed = Some((i, e));
+            break;
+        }
+        // After each put, with the intent durable: a crash here is what the replay is for.
+        numakv_pmem::pause_point!("server.mset.put");
+    }
+    // The record goes even when a put failed: the pairs not put would otherwise be put by the
+    // next open, after the client was told the MSET failed.
+    if let Err(e) = sh.intents.end(slot) {
+        return fatal(out, &e);
+    }
+    match failed {
+        None => out.ok(),
+        Some((i, e)) => {
+            out.err(&format!("ERR MSET stopped after {i} of {} pairs: {e}", a.len() / 2))
+        }
+    }
+    Flow::Continue
+}
+
+/// An intent log failure that leaves a record behind: reply, then shut the server down.
+fn fatal(out: &mut Out, e: &LogError) -> Flow {
+    eprintln!("numakv serve: {e}");
+    out.err(&format!("ERR {e}"));
+    Flow::Shutdown
 }
 
 fn incr_by(sh: &Shared, conn: &mut Conn, key: &[u8], delta: Option<i64>, out: &mut Out) {
@@ -372,7 +453,7 @@ fn flush(sh: &Shared, out: &mut Out) {
             return out.ok();
         }
         for k in &batch {
-            let _g = sh.stripe(k);
+            let _g = sh.stripe_shared(k);
             if let Err(e) = map.delete(k) {
                 return store_err(out, &e);
             }
@@ -410,9 +491,8 @@ impl Cursors {
 
 /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: up to COUNT keys examined per call in byte
 /// order, those matching returned; cursor 0 when the keyspace is exhausted.
-fn scan(sh: &Shared, a: &[Bytes], out: &mut Out) {
-    let after: Option<Vec<u8>> = match std::str::from_utf8(&a[0]).ok().and_then(|s| s.parse().ok())
-    {
+fn scan(sh: &Shared, a: &[&[u8]], out: &mut Out) {
+    let after: Option<Vec<u8>> = match std::str::from_utf8(a[0]).ok().and_then(|s| s.parse().ok()) {
         Some(0u64) => None,
         Some(id) => match sh.cursors.lock().map.get(&id) {
             Some(k) => Some(k.clone()),
@@ -426,23 +506,23 @@ fn scan(sh: &Shared, a: &[Bytes], out: &mut Out) {
         if i + 1 >= a.len() {
             return out.err(SYNTAX);
         }
-        let v = &a[i + 1];
-        if eq(&a[i], "match") {
-            pat = Some(v.clone());
-        } else if eq(&a[i], "count") {
+        let v = a[i + 1];
+        if eq(a[i], "match") {
+            pat = Some(v);
+        } else if eq(a[i], "count") {
             match parse_i64(v) {
                 Some(c) if c >= 1 => count = c as usize,
                 Some(_) => return out.err(SYNTAX),
                 None => return out.err(INVALID_INT),
             }
-        } else if eq(&a[i], "type") {
+        } else if eq(a[i], "type") {
             only_strings = eq(v, "string");
         } else {
             return out.err(SYNTAX);
         }
         i += 2;
     }
-    let prefix = pat.as_deref().map(glob::literal_prefix).unwrap_or_default();
+    let prefix = pat.map(glob::literal_prefix).unwrap_or_default();
     let start = match &after {
         Some(k) if k.as_slice() > prefix.as_slice() => k.clone(),
         _ => prefix.clone(),
@@ -465,7 +545,7 @@ fn scan(sh: &Shared, a: &[Bytes], out: &mut Out) {
             break;
         }
         examined += 1;
-        if only_strings && pat.as_deref().is_none_or(|p| glob::matches(p, &k)) {
+        if only_strings && pat.is_none_or(|p| glob::matches(p, &k)) {
             keys.push(k.clone());
         }
         last = Some(k);
@@ -484,8 +564,8 @@ fn scan(sh: &Shared, a: &[Bytes], out: &mut Out) {
 
 /// CONFIG GET pattern...: the few parameters clients ask about (redis-benchmark asks `save` and
 /// `appendonly`); an unknown one matches nothing (an empty array), as in Redis.
-fn config(sh: &Shared, a: &[Bytes], out: &mut Out) {
-    let sub = lower(&a[0]);
+fn config(sh: &Shared, a: &[&[u8]], out: &mut Out) {
+    let sub = lower(a[0]);
     match sub.as_str() {
         "get" if a.len() >= 2 => {
             let params: [(&str, String); 8] = [
@@ -498,14 +578,18 @@ fn config(sh: &Shared, a: &[Bytes], out: &mut Out) {
                 ("proto-max-bulk-len", sh.config.limits.max_bulk.to_string()),
                 ("io-threads", sh.threads.to_string()),
             ];
-            let mut items: Vec<&[u8]> = Vec::new();
+            let mut items: Vec<(&str, &str)> = Vec::new();
             for (k, v) in &params {
                 if a[1..].iter().any(|p| glob::matches(&p.to_ascii_lowercase(), k.as_bytes())) {
-                    items.push(k.as_bytes());
-                    items.push(v.as_bytes());
+                    items.push((k, v));
                 }
             }
-            out.bulks(&items);
+            // A map, as Redis 7 answers (a flat array in RESP2).
+            out.map_header(items.len());
+            for (k, v) in items {
+                out.bulk(k.as_bytes());
+                out.bulk(v.as_bytes());
+            }
         }
         "get" => out.err("ERR wrong number of arguments for 'config|get' command"),
         "resetstat" => out.ok(),
@@ -514,14 +598,14 @@ fn config(sh: &Shared, a: &[Bytes], out: &mut Out) {
         }
         _ => out.err(&format!(
             "ERR unknown subcommand '{}'. Try CONFIG HELP.",
-            String::from_utf8_lossy(&a[0])
+            String::from_utf8_lossy(a[0])
         )),
     }
 }
 
 /// COMMAND, COMMAND COUNT, COMMAND INFO, COMMAND DOCS: enough for redis-cli's hints.
-fn command(a: &[Bytes], out: &mut Out) {
-    let pick = |names: &[Bytes]| -> Vec<&(&str, i64, &str)> {
+fn command(a: &[&[u8]], out: &mut Out) {
+    let pick = |names: &[&[u8]]| -> Vec<&(&str, i64, &str)> {
         if names.is_empty() {
             COMMANDS.iter().collect()
         } else {
@@ -600,19 +684,19 @@ fn command(a: &[Bytes], out: &mut Out) {
         }
         Some(_) => out.err(&format!(
             "ERR unknown subcommand '{}'. Try COMMAND HELP.",
-            String::from_utf8_lossy(&a[0])
+            String::from_utf8_lossy(a[0])
         )),
     }
 }
 
-fn client(conn: &mut Conn, a: &[Bytes], out: &mut Out) {
-    let sub = lower(&a[0]);
+fn client(conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
+    let sub = lower(a[0]);
     match (sub.as_str(), a.len()) {
         ("setname", 2) => {
             if a[1].iter().any(|&b| b <= b' ' || b > b'~') {
                 out.err("ERR Client names cannot contain spaces, newlines or special characters.");
             } else {
-                conn.name = (!a[1].is_empty()).then(|| a[1].clone());
+                conn.name = (!a[1].is_empty()).then(|| a[1].to_vec());
                 out.ok();
             }
         }
@@ -632,49 +716,53 @@ fn client(conn: &mut Conn, a: &[Bytes], out: &mut Out) {
         }
         _ => out.err(&format!(
             "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-            String::from_utf8_lossy(&a[0])
+            String::from_utf8_lossy(a[0])
         )),
     }
 }
 
-/// HELLO [2 [SETNAME name]]: RESP2 only; HELLO 3 gets NOPROTO, so clients stay on RESP2.
-fn hello(conn: &mut Conn, a: &[Bytes], out: &mut Out) {
+/// HELLO [protover [SETNAME name]]: protover 2 (RESP2) or 3 (RESP3, from this reply on); the
+/// reply is Redis's map of server properties.
+fn hello(conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
+    let mut resp3 = out.resp3;
     if let Some(v) = a.first() {
         match parse_i64(v) {
-            Some(2) => {}
+            Some(2) => resp3 = false,
+            Some(3) => resp3 = true,
             Some(_) => return out.err("NOPROTO sorry, this protocol version is not supported"),
             None => return out.err("ERR Protocol version is not an integer or out of range"),
         }
         let mut i = 1;
         while i < a.len() {
-            if eq(&a[i], "setname") && i + 1 < a.len() {
-                conn.name = Some(a[i + 1].clone());
+            if eq(a[i], "setname") && i + 1 < a.len() {
+                conn.name = Some(a[i + 1].to_vec());
                 i += 2;
             } else {
                 return out.err(&format!(
                     "ERR Syntax error in HELLO option '{}'",
-                    String::from_utf8_lossy(&a[i])
+                    String::from_utf8_lossy(a[i])
                 ));
             }
         }
     }
-    let id = conn.id as i64;
-    out.frame(&BorrowedFrame::Array(&[
-        BorrowedFrame::BulkString(b"server"),
-        BorrowedFrame::BulkString(b"redis"),
-        BorrowedFrame::BulkString(b"version"),
-        BorrowedFrame::BulkString(crate::info::REDIS_VERSION.as_bytes()),
-        BorrowedFrame::BulkString(b"proto"),
-        BorrowedFrame::Integer(2),
-        BorrowedFrame::BulkString(b"id"),
-        BorrowedFrame::Integer(id),
-        BorrowedFrame::BulkString(b"mode"),
-        BorrowedFrame::BulkString(b"standalone"),
-        BorrowedFrame::BulkString(b"role"),
-        BorrowedFrame::BulkString(b"master"),
-        BorrowedFrame::BulkString(b"modules"),
-        BorrowedFrame::Array(&[]),
-    ]));
+    // The reply already speaks the protocol asked for, as Redis's does.
+    out.resp3 = resp3;
+    out.map_header(7);
+    for (k, v) in [
+        ("server", "redis"),
+        ("version", crate::info::REDIS_VERSION),
+        ("mode", "standalone"),
+        ("role", "master"),
+    ] {
+        out.bulk(k.as_bytes());
+        out.bulk(v.as_bytes());
+    }
+    out.bulk(b"proto");
+    out.int(if resp3 { 3 } else { 2 });
+    out.bulk(b"id");
+    out.int(conn.id as i64);
+    out.bulk(b"modules");
+    out.frame(&BorrowedFrame::Array(&[]));
 }
 
 #[cfg(test)]

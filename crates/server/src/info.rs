@@ -4,8 +4,6 @@
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-
 use crate::Shared;
 
 /// The Redis version announced (INFO, HELLO): the command set and replies follow Redis 7.0's.
@@ -14,7 +12,7 @@ pub const REDIS_VERSION: &str = "7.0.0";
 const SECTIONS: &[&str] = &["server", "clients", "stats", "keyspace", "numakv"];
 
 /// The INFO text for the requested sections (none, `default`, `all` or `everything`: all).
-pub fn info(sh: &Shared, args: &[Bytes]) -> String {
+pub fn info(sh: &Shared, args: &[&[u8]]) -> String {
     let wanted: Vec<String> =
         args.iter().map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
     let all = wanted.is_empty()

@@ -1,5 +1,10 @@
 //! Encoding replies: RESP2 frames written with `redis_protocol`'s encoder into the connection's
 //! output buffer (borrowed frames: a GET's value is encoded straight from the read buffer).
+//!
+//! After `HELLO 3` a connection speaks RESP3, which differs from RESP2 only where our replies
+//! use it: the null is `_` (not `$-1`), and maps (HELLO, CONFIG GET) are `%` frames (not flat
+//! arrays). Everything else — simple strings, errors, integers, bulk strings, arrays — is
+//! encoded the same in both.
 
 use bytes::BytesMut;
 use redis_protocol::resp2::encode::extend_encode_borrowed;
@@ -10,6 +15,8 @@ use redis_protocol::resp2::types::BorrowedFrame;
 pub struct Out {
     /// Encoded bytes not yet written to the socket.
     pub buf: BytesMut,
+    /// The connection switched to RESP3 (`HELLO 3`).
+    pub resp3: bool,
 }
 
 impl Out {
@@ -22,9 +29,10 @@ impl Out {
         }
     }
 
-    /// `+OK`.
+    /// `+OK`: every SET's reply, copied as is (through the encoder it cost 1.5% of a SET
+    /// benchmark's server CPU, measured with perf).
     pub fn ok(&mut self) {
-        self.simple("OK");
+        self.buf.extend_from_slice(b"+OK\r\n");
     }
 
     /// A simple string.
@@ -53,9 +61,16 @@ impl Out {
         self.frame(&BorrowedFrame::BulkString(b));
     }
 
-    /// The null bulk string.
+    /// The null: RESP2's null bulk string `$-1`, RESP3's `_` (copied as is, like [`Out::ok`]).
     pub fn null(&mut self) {
-        self.frame(&BorrowedFrame::Null);
+        self.buf.extend_from_slice(if self.resp3 { b"_\r\n" } else { b"$-1\r\n" });
+    }
+
+    /// The header of a map of `pairs` entries: RESP3's `%`, or in RESP2 an array of twice as
+    /// many elements (key, value, ...); the caller appends the keys and values.
+    pub fn map_header(&mut self, pairs: usize) {
+        let (tag, n) = if self.resp3 { ('%', pairs) } else { ('*', 2 * pairs) };
+        self.buf.extend_from_slice(format!("{tag}{n}\r\n").as_bytes());
     }
 
     /// An array of bulk strings.
@@ -65,12 +80,14 @@ impl Out {
         self.frame(&BorrowedFrame::Array(&frames));
     }
 
-    /// An array of bulk strings or nulls.
+    /// An array of bulk strings or nulls (each null as [`Out::null`] writes it).
     pub fn opt_bulks(&mut self, items: &[Option<Vec<u8>>]) {
-        let frames: Vec<BorrowedFrame<'_>> = items
-            .iter()
-            .map(|b| b.as_deref().map_or(BorrowedFrame::Null, BorrowedFrame::BulkString))
-            .collect();
-        self.frame(&BorrowedFrame::Array(&frames));
+        self.buf.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+        for b in items {
+            match b {
+                Some(b) => self.bulk(b),
+                None => self.null(),
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! and a scanner of that grammar checks every length as soon as its header line is complete.
 //! Replies are encoded with `redis_protocol` ([`crate::reply`]).
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
 /// Limits on one request.
 #[derive(Clone, Copy, Debug)]
@@ -49,10 +49,36 @@ fn parse_len(s: &[u8]) -> Option<i64> {
     std::str::from_utf8(s).ok()?.parse::<i64>().ok()
 }
 
-/// Takes one complete request off the front of `buf`: `Ok(Some(args))` (possibly empty, for an
-/// empty line or `*0`), `Ok(None)` when more bytes are needed, or the protocol error that ends
-/// the connection. Arguments are slices of one frozen buffer (no copy per argument).
-pub fn parse(buf: &mut BytesMut, lim: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+/// One complete request at the front of the input buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A multibulk request of `len` bytes; its arguments are the spans the parser left in its
+    /// `spans` argument (offsets into the buffer). The caller runs it straight from the buffer,
+    /// then drops the `len` bytes ([`bytes::Buf::advance`]): no copy, allocation or reference
+    /// count per argument.
+    Spans {
+        /// Bytes the request takes in the buffer.
+        len: usize,
+    },
+    /// An inline command of `len` bytes; its arguments are unquoted copies.
+    Inline {
+        /// Bytes the line takes in the buffer.
+        len: usize,
+        /// The arguments (empty for a blank line).
+        args: Vec<Vec<u8>>,
+    },
+}
+
+/// Finds the complete request at the front of `buf` without consuming it: `Ok(Some(..))`,
+/// `Ok(None)` when more bytes are needed (the buffer may have been grown to hold a declared
+/// bulk), or the protocol error that ends the connection. For [`Request::Spans`], `spans`
+/// holds the argument spans (it is cleared first; empty for `*0`).
+pub fn parse(
+    buf: &mut BytesMut,
+    lim: &Limits,
+    spans: &mut Vec<(usize, usize)>,
+) -> Result<Option<Request>, ProtocolError> {
+    spans.clear();
     if buf.is_empty() {
         return Ok(None);
     }
@@ -70,12 +96,10 @@ pub fn parse(buf: &mut BytesMut, lim: &Limits) -> Result<Option<Vec<Bytes>>, Pro
         _ => return Err(perr("invalid multibulk length")),
     };
     if count <= 0 {
-        let _ = buf.split_to(eol + 2);
-        return Ok(Some(Vec::new()));
+        return Ok(Some(Request::Spans { len: eol + 2 }));
     }
-    // First pass: check every header and find where the request ends, without copying.
+    // Check every header and find where the request ends, without copying.
     let mut pos = eol + 2;
-    let mut spans = Vec::with_capacity((count as usize).min(1024));
     for _ in 0..count {
         if pos >= buf.len() {
             return Ok(None);
@@ -110,13 +134,12 @@ pub fn parse(buf: &mut BytesMut, lim: &Limits) -> Result<Option<Vec<Bytes>>, Pro
         spans.push((start, end));
         pos = end + 2;
     }
-    let frame = buf.split_to(pos).freeze();
-    Ok(Some(spans.into_iter().map(|(s, e)| frame.slice(s..e)).collect()))
+    Ok(Some(Request::Spans { len: pos }))
 }
 
 /// An inline command: one line, arguments separated by blanks. Double and single quotes group
 /// words, with `\"`-style escapes inside double quotes (a subset of Redis's `sdssplitargs`).
-fn parse_inline(buf: &mut BytesMut, lim: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+fn parse_inline(buf: &BytesMut, lim: &Limits) -> Result<Option<Request>, ProtocolError> {
     let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
         if buf.len() > lim.max_inline {
             return Err(perr("too big inline request"));
@@ -126,15 +149,17 @@ fn parse_inline(buf: &mut BytesMut, lim: &Limits) -> Result<Option<Vec<Bytes>>, 
     if nl > lim.max_inline {
         return Err(perr("too big inline request"));
     }
-    let line = buf.split_to(nl + 1);
-    let mut line = &line[..nl];
+    let mut line = &buf[..nl];
     if line.last() == Some(&b'\r') {
         line = &line[..line.len() - 1];
     }
-    split_args(line).map(Some).ok_or_else(|| perr("unbalanced quotes in request"))
+    match split_args(line) {
+        Some(args) => Ok(Some(Request::Inline { len: nl + 1, args })),
+        None => Err(perr("unbalanced quotes in request")),
+    }
 }
 
-fn split_args(line: &[u8]) -> Option<Vec<Bytes>> {
+fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
     let mut args = Vec::new();
     let mut i = 0;
     while i < line.len() {
@@ -180,7 +205,7 @@ fn split_args(line: &[u8]) -> Option<Vec<Bytes>> {
                 }
             }
         }
-        args.push(Bytes::from(cur));
+        args.push(cur);
     }
     Some(args)
 }
@@ -188,20 +213,38 @@ fn split_args(line: &[u8]) -> Option<Vec<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Buf;
 
     const LIM: Limits = Limits { max_bulk: 16, max_args: 4, max_request: 64, max_inline: 32 };
 
-    fn p(s: &[u8]) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-        parse(&mut BytesMut::from(s), &LIM)
+    /// Takes the next request off `b` as owned arguments (what the server runs).
+    fn take(b: &mut BytesMut) -> Result<Option<Vec<Vec<u8>>>, ProtocolError> {
+        let mut spans = Vec::new();
+        Ok(match parse(b, &LIM, &mut spans)? {
+            None => None,
+            Some(Request::Spans { len }) => {
+                let args = spans.iter().map(|&(s, e)| b[s..e].to_vec()).collect();
+                b.advance(len);
+                Some(args)
+            }
+            Some(Request::Inline { len, args }) => {
+                b.advance(len);
+                Some(args)
+            }
+        })
+    }
+
+    fn p(s: &[u8]) -> Result<Option<Vec<Vec<u8>>>, ProtocolError> {
+        take(&mut BytesMut::from(s))
     }
 
     #[test]
     fn multibulk_and_pipelined() {
         let mut b = BytesMut::from(&b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n$4\r\nPING\r\n"[..]);
-        assert_eq!(parse(&mut b, &LIM).unwrap().unwrap(), vec!["GET", "k"]);
-        assert_eq!(parse(&mut b, &LIM).unwrap().unwrap(), vec!["PING"]);
+        assert_eq!(take(&mut b).unwrap().unwrap(), vec![&b"GET"[..], b"k"]);
+        assert_eq!(take(&mut b).unwrap().unwrap(), vec![&b"PING"[..]]);
         assert!(b.is_empty());
-        assert_eq!(parse(&mut b, &LIM).unwrap(), None);
+        assert_eq!(take(&mut b).unwrap(), None);
     }
 
     #[test]
@@ -209,7 +252,7 @@ mod tests {
         let full = b"*2\r\n$3\r\nSET\r\n$0\r\n\r\n";
         for cut in 0..full.len() {
             let mut b = BytesMut::from(&full[..cut]);
-            assert_eq!(parse(&mut b, &LIM).unwrap(), None, "cut {cut}");
+            assert_eq!(take(&mut b).unwrap(), None, "cut {cut}");
             assert_eq!(b.len(), cut, "nothing consumed at cut {cut}");
         }
         assert_eq!(p(full).unwrap().unwrap(), vec![&b"SET"[..], &b""[..]]);
@@ -236,9 +279,9 @@ mod tests {
 
     #[test]
     fn inline() {
-        assert_eq!(p(b"PING\r\n").unwrap().unwrap(), vec!["PING"]);
+        assert_eq!(p(b"PING\r\n").unwrap().unwrap(), vec![&b"PING"[..]]);
         assert_eq!(p(b"set k \"a b\\n\"\n").unwrap().unwrap(), vec![&b"set"[..], b"k", b"a b\n"]);
-        assert_eq!(p(b"  \r\n").unwrap().unwrap(), Vec::<Bytes>::new());
+        assert_eq!(p(b"  \r\n").unwrap().unwrap(), Vec::<Vec<u8>>::new());
         assert_eq!(p(b"get 'x\r\n").unwrap_err().0, "unbalanced quotes in request");
         assert_eq!(p(b"PING").unwrap(), None);
         assert_eq!(p(&[b'a'; 40]).unwrap_err().0, "too big inline request");

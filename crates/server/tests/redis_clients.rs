@@ -258,9 +258,56 @@ fn error_forms_match_redis() {
     assert!(err_text(c.set::<_, _, ()>(long_key, "v")).starts_with("ERR "));
     assert_eq!(c.get::<_, String>("s").unwrap(), "abc");
     assert_eq!(
-        err_text(redis::cmd("HELLO").arg(3).query::<Value>(&mut c)),
+        err_text(redis::cmd("HELLO").arg(4).query::<Value>(&mut c)),
         "NOPROTO sorry, this protocol version is not supported"
     );
+    srv.stop();
+}
+
+/// RESP3 (`HELLO 3`, which the redis crate sends for `?protocol=resp3`): nulls are `_`, HELLO
+/// and CONFIG GET are maps; the rest reads as in RESP2.
+#[test]
+fn resp3_with_the_redis_crate_and_raw() {
+    let srv = start();
+    let mut c = redis::Client::open(format!("{}?protocol=resp3", srv.url).as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let hello: Value = redis::cmd("HELLO").arg(3).query(&mut c).unwrap();
+    let Value::Map(props) = &hello else { panic!("HELLO 3 is not a map: {hello:?}") };
+    assert!(props.contains(&(Value::BulkString(b"proto".to_vec()), Value::Int(3))), "{hello:?}");
+    let _: () = c.set("k", "v").unwrap();
+    assert_eq!(c.get::<_, Option<String>>("k").unwrap().as_deref(), Some("v"));
+    assert_eq!(redis::cmd("GET").arg("missing").query::<Value>(&mut c).unwrap(), Value::Nil);
+    let vals: Vec<Option<String>> = c.mget(&["k", "missing"]).unwrap();
+    assert_eq!(vals, [Some("v".to_owned()), None]);
+    assert_eq!(c.incr::<_, _, i64>("n", 5).unwrap(), 5);
+    let cfg: Value = redis::cmd("CONFIG").arg("GET").arg("appendonly").query(&mut c).unwrap();
+    assert_eq!(
+        cfg,
+        Value::Map(vec![(
+            Value::BulkString(b"appendonly".to_vec()),
+            Value::BulkString(b"no".to_vec())
+        )])
+    );
+    let keys: Vec<String> = c.keys("*").unwrap();
+    assert_eq!(keys, ["k", "n"]);
+    // On the wire: the null of RESP3, a map header; HELLO 2 goes back to RESP2.
+    let mut s = srv.raw();
+    s.write_all(b"HELLO 3\r\nGET missing\r\nMGET k missing\r\nHELLO 2\r\nGET missing\r\n").unwrap();
+    let mut got = Vec::new();
+    let want_end = b"$-1\r\n";
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(want_end) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("%7\r\n"), "{text}");
+    assert!(text.contains("$5\r\nproto\r\n:3\r\n"), "{text}");
+    assert!(text.contains("_\r\n*2\r\n$1\r\nv\r\n_\r\n*14\r\n"), "{text}");
+    assert!(text.contains("$5\r\nproto\r\n:2\r\n"), "{text}");
     srv.stop();
 }
 
