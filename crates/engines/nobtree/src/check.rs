@@ -126,8 +126,8 @@ impl Tree {
         // Held to the end: the rebuild thread (a writer of the upper layer) can neither swap
         // replicas nor drain the temporary list while they are checked and counted.
         let temp_guard = self.upper_lock.lock();
-        let temp: &[(u64, PPtr)] = &temp_guard;
-        // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
+        let temp: &[(u64, PPtr)] = &temp_guard.temp;
+        // SAFETY: loaded under `guard` (see bottom.rs `upper_root`).
         let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() }
             .ok_or_else(|| bad("upper: no upper layer"))?;
         let ents = up.check(&self.pool)?;

@@ -654,15 +654,15 @@ impl Tree {
         // entry, not listed.
         let mut upper_guard = None;
         if is_root {
-            let temp = self.upper_lock.lock();
-            // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
+            let writers = self.upper_lock.lock();
+            // SAFETY: loaded under `guard` (see bottom.rs `upper_root`).
             let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
             let in_upper = up.is_some_and(|u| u.names(&self.pool, low, node));
-            let in_temp = temp.iter().any(|&(k, p)| k == low && p == node);
+            let in_temp = writers.temp.iter().any(|&(k, p)| k == low && p == node);
             if !in_upper && !in_temp {
                 return Ok(false); // its upper insert has not run yet
             }
-            upper_guard = Some(temp);
+            upper_guard = Some(writers);
         }
         numakv_pmem::pause_point!("nobtree.migrate.frozen");
         // Arm the log.
@@ -695,14 +695,12 @@ impl Tree {
                 self.pool.persist(p.rec_addr(*q), 16);
             }
             None => {
-                let temp = upper_guard.as_mut().expect("root migration holds the upper mutex");
-                // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
-                if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() } {
-                    up.replace(&self.pool, low, node, np);
-                }
-                for e in temp.iter_mut().filter(|e| e.1 == node) {
-                    e.1 = np;
-                }
+                let writers =
+                    upper_guard.as_mut().expect("root migration holds the upper mutex");
+                // SAFETY: loaded under `guard` (see bottom.rs `upper_root`).
+                let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
+                // Logged for a rebuild building from a snapshot meanwhile.
+                writers.replace(up, &self.pool, low, node, np);
             }
         }
         drop(upper_guard);

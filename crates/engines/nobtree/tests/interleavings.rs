@@ -199,3 +199,61 @@ fn readers_do_not_wait_for_a_migration() {
     assert_eq!(t.leaf_node_of(k).unwrap(), 1);
     t.check().unwrap();
 }
+
+/// Issue 19: the upper layer is rebuilt from a snapshot without holding the upper-layer mutex
+/// through the build. A rebuild parked after its snapshot (`nobtree.rebuild.snapshot`: the log
+/// of writes started, the entries read, nothing built); meanwhile inserts split subindex roots
+/// (new roots inserted into the old replicas or its temporary list) and subindex roots
+/// migrate (their entries rewritten) — all without waiting for the rebuild. Released, the
+/// rebuild applies the logged writes to the layer it built before the swap: `check()` finds
+/// every top-level node named by the new layer or its temporary list, and no entry naming a
+/// migrated-away root. A rebuild that ignores the log loses them (`check()`: "upper entries").
+#[test]
+fn rebuild_from_a_snapshot_keeps_concurrent_upper_writes() {
+    let sc = Scenario::setup();
+    // Height 1: every leaf is a subindex root, so every split is an upper-layer insert. No
+    // automatic rebuilds: the test's own is the only one.
+    let opts = NobtreeOptions {
+        height: 1,
+        nsm_mode: NsmMode::Node(0),
+        background_rebuild: false,
+        rebuild_threshold: 1e9,
+        ..quiet()
+    };
+    let t = Arc::new(volatile(&opts));
+    let key = |i: u64| i * 7919 % 100_003 + 1; // spread over the key space
+    for i in 0..3000u64 {
+        assert!(t.insert(key(i), vk(key(i))).unwrap());
+    }
+    let before = t.stats();
+    assert!(before.counter("upper_temp_list").unwrap() > 0, "{:?}", before.counters);
+    let parked = sc.pause_thread("nobtree.rebuild.snapshot", "rebuild");
+    let r = {
+        let t = Arc::clone(&t);
+        thread::Builder::new().name("rebuild".into()).spawn(move || t.rebuild_upper()).unwrap()
+    };
+    parked.wait_parked();
+    // Upper-layer writes while the rebuild is parked: they must not wait for it.
+    let t2 = Arc::clone(&t);
+    let (splits, migrated) = finishes("upper writes during a rebuild", 20, move || {
+        let s0 = t2.stats().counter("subindex_splits").unwrap();
+        for i in 3000..6000u64 {
+            assert!(t2.insert(key(i), vk(key(i))).unwrap());
+        }
+        // Root migrations: their upper entries are rewritten.
+        let migrated =
+            (0..6000u64).step_by(151).filter(|&i| t2.migrate_node_of(key(i), 0, 1).unwrap()).count();
+        (t2.stats().counter("subindex_splits").unwrap() - s0, migrated)
+    });
+    assert!(splits > 100, "only {splits} subindex splits during the rebuild");
+    assert!(migrated > 5, "only {migrated} root migrations during the rebuild");
+    parked.release();
+    r.join().unwrap().unwrap();
+    assert_eq!(t.stats().counter("upper_rebuilds"), Some(1));
+    let out = check_values_name_keys(&t);
+    assert_eq!(out.len(), 6000);
+    // The migrated roots are on node 1 and reached through the new layer.
+    for i in (0..6000u64).step_by(151) {
+        assert_eq!(t.get(key(i)).unwrap(), Some(vk(key(i))));
+    }
+}
