@@ -200,7 +200,7 @@ impl Tree {
                 let found = find(&n, w, key).map(|p| n.val(p));
                 if snap.validate(&n) {
                     if let Some(m) = &self.migrator {
-                        m.sample(&self.pool, &n, cur, &path);
+                        m.sample(&self.pool, &n, cur, &path, &self.next_id);
                     }
                     return Ok(found);
                 }
@@ -291,7 +291,7 @@ impl Tree {
         // After the unlock: the statistics cost nothing to the node's other writers (the node
         // stays readable: this thread is pinned).
         if let Some(m) = &self.migrator {
-            m.sample(&self.pool, &n, n.ptr, &path);
+            m.sample(&self.pool, &n, n.ptr, &path, &self.next_id);
         }
         if kind != WriteKind::Update {
             self.after_insert(steps);

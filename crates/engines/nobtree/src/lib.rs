@@ -203,6 +203,9 @@ pub(crate) struct Tree {
     pub(crate) migrator: Option<Migrator>,
     /// The background rebuild thread (None with `background_rebuild: false`).
     pub(crate) rebuilder: Option<Rebuilder>,
+    /// `lock::FROZEN_WAITS` and `FROZEN_WAIT_NS` when this handle was made (stats report
+    /// the waits since).
+    frozen_base: (u64, u64),
 }
 
 /// What a leaf write does.
@@ -238,6 +241,15 @@ impl Tree {
             counters: Counters::default(),
             migrator: None,
             rebuilder: None,
+            frozen_base: {
+                // The longest wait restarts with every tree (its counts are told apart by
+                // the base instead).
+                lock::FROZEN_WAIT_MAX_NS.store(0, Ordering::Relaxed);
+                (
+                    lock::FROZEN_WAITS.load(Ordering::Relaxed),
+                    lock::FROZEN_WAIT_NS.load(Ordering::Relaxed),
+                )
+            },
         }
     }
 
@@ -299,7 +311,8 @@ impl Tree {
     /// Starts the coordinator and the rebuild thread if the options ask for them.
     fn start_threads(mut self) -> Result<Arc<Tree>> {
         let mig = self.opts.migration.clone();
-        self.migrator = mig.enabled.then(|| Migrator::new(mig, self.pool.nodes()));
+        let first_id = self.next_id.load(Ordering::Relaxed);
+        self.migrator = mig.enabled.then(|| Migrator::new(mig, self.pool.nodes(), first_id));
         self.rebuilder = self.opts.background_rebuild.then(Rebuilder::default);
         let tree = Arc::new(self);
         if let Some(m) = &tree.migrator {
@@ -486,6 +499,11 @@ impl Index for Tree {
             ("retries", get(&c.retries)),
             ("orphans_deferred", get(&c.orphans_deferred)),
             ("node_bytes_allocated", s.allocated_bytes),
+            // Writers that waited for a node a migration had frozen (process-wide counts
+            // since this handle was made: trees running at once in one process share them).
+            ("writer_frozen_waits", get(&lock::FROZEN_WAITS) - self.frozen_base.0),
+            ("writer_frozen_wait_ns", get(&lock::FROZEN_WAIT_NS) - self.frozen_base.1),
+            ("writer_frozen_wait_max_ns", get(&lock::FROZEN_WAIT_MAX_NS)),
         ];
         if let Some(m) = &self.migrator {
             counters.extend(m.counters());

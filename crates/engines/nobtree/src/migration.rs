@@ -82,6 +82,12 @@ pub struct MigrationOptions {
     /// Also monitor and migrate inner nodes of the subindexes, roots included (see the module
     /// docs); `false`: leaves only.
     pub inner: bool,
+    /// Cool-down, in samples of all threads together: a node created by a split or a
+    /// migration (a fresh id) is not queued until at least this many (and at most 5/4 as
+    /// many) samples were taken after its creation; its statistics — carried over from the
+    /// node it was split from or copied from — keep counting meanwhile. 0: none. Default
+    /// 8192 (an eighth of the window: about 80 000 operations at `sample_every` 10).
+    pub cooldown: u64,
 }
 
 impl Default for MigrationOptions {
@@ -94,6 +100,7 @@ impl Default for MigrationOptions {
             remote_share: 0.5,
             queue_capacity: 1024,
             inner: true,
+            cooldown: 8192,
         }
     }
 }
@@ -128,8 +135,19 @@ pub(crate) struct Candidate {
 /// Statistics shards (DRAM hash table keyed by node id).
 const SHARDS: usize = 16;
 
-/// One shard: node id → (local, remote) sampled accesses in the window.
-type StatsShard = HashMap<u64, (u32, u32)>;
+/// A node's sampled accesses in the current window.
+#[derive(Clone, Debug)]
+struct Stat {
+    /// Sampled accesses per accessing NUMA node (index = node).
+    by_node: Box<[u32]>,
+    /// Queued and not yet migrated or given up: not queued again meanwhile.
+    queued: bool,
+    /// Migrations of this node (and of the nodes it is a copy of) in the window.
+    moves: u32,
+}
+
+/// One shard: node id → its statistics.
+type StatsShard = HashMap<u64, Stat>;
 
 #[derive(Debug, Default)]
 struct MigCounters {
@@ -144,6 +162,15 @@ struct MigCounters {
     /// The same for subindex-root migrations alone (they also hold the upper-layer mutex).
     root_migrated: AtomicU64,
     root_hold_ns: AtomicU64,
+    /// Hot, mostly remote nodes not queued because they were cooling down.
+    cooling: AtomicU64,
+    /// Nanoseconds the coordinator spent on candidates (descent, migration or abort): the
+    /// CPU it takes from the workers on a machine with no core to spare.
+    busy_ns: AtomicU64,
+    /// Statistics carried to a migrated copy.
+    carried_migrated: AtomicU64,
+    /// Nodes queued that had been migrated before within the window (ping-pong).
+    queued_again: AtomicU64,
 }
 
 thread_local! {
@@ -157,6 +184,12 @@ pub(crate) struct Migrator {
     nodes: usize,
     stats: Box<[Mutex<StatsShard>]>,
     samples: AtomicU64,
+    /// Cool-down watermarks (see `MigrationOptions::cooldown`): every quarter cool-down the
+    /// tree's next id goes into the ring, and `fresh_floor` takes the value it replaces (the
+    /// next id four quarters ago). So an id at or above `fresh_floor` was created less than
+    /// 5/4 cool-downs ago, an id below it more than one cool-down ago.
+    fresh_floor: AtomicU64,
+    fresh_marks: Mutex<(usize, [u64; 4])>,
     queue: Mutex<VecDeque<Candidate>>,
     wake: Condvar,
     /// Set while the coordinator works on a popped candidate (for `drain`).
@@ -169,12 +202,15 @@ pub(crate) struct Migrator {
 }
 
 impl Migrator {
-    pub(crate) fn new(opts: MigrationOptions, nodes: usize) -> Migrator {
+    /// `first_id`: the tree's next node id now (nodes already there are not fresh).
+    pub(crate) fn new(opts: MigrationOptions, nodes: usize, first_id: u64) -> Migrator {
         Migrator {
             opts,
             nodes,
             stats: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             samples: AtomicU64::new(0),
+            fresh_floor: AtomicU64::new(first_id),
+            fresh_marks: Mutex::new((0, [first_id; 4])),
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             busy: AtomicBool::new(false),
@@ -270,17 +306,29 @@ impl Migrator {
             ("migration_hold_max_ns", g(&c.hold_max_ns)),
             ("root_migrations", g(&c.root_migrated)),
             ("root_migration_hold_ns", g(&c.root_hold_ns)),
+            ("migrations_cooling", g(&c.cooling)),
+            ("migration_busy_ns", g(&c.busy_ns)),
+            ("migration_stats_carried", g(&c.carried_migrated)),
+            ("migrations_queued_again", g(&c.queued_again)),
         ]
     }
 
     pub(crate) fn dram_bytes(&self) -> u64 {
         let entries: usize = self.stats.iter().map(|s| s.lock().capacity()).sum();
-        (entries * 24) as u64
+        (entries * (40 + 4 * self.nodes)) as u64
     }
 
-    /// Records an access to leaf `n` at `ptr` (every `sample_every`-th call of this thread).
+    /// Records an access to leaf `n` at `ptr` (every `sample_every`-th call of this thread);
+    /// `ids` is the tree's next node id (for the cool-down's watermarks).
     #[inline]
-    pub(crate) fn sample(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+    pub(crate) fn sample(
+        &self,
+        pool: &Pool,
+        n: &Node<'_>,
+        ptr: PPtr,
+        path: &[PPtr],
+        ids: &AtomicU64,
+    ) {
         let tick = TICK.with(|t| {
             let v = t.get().wrapping_add(1);
             t.set(v);
@@ -289,16 +337,28 @@ impl Migrator {
         if tick % self.opts.sample_every != 0 || self.nodes < 2 {
             return;
         }
-        self.record(pool, n, ptr, path);
+        self.record(pool, n, ptr, path, ids);
     }
 
     #[cold]
-    fn record(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+    fn record(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr], ids: &AtomicU64) {
         self.counters.sampled.fetch_add(1, Ordering::Relaxed);
-        if self.samples.fetch_add(1, Ordering::Relaxed) % self.opts.window == self.opts.window - 1 {
+        let s = self.samples.fetch_add(1, Ordering::Relaxed);
+        if s % self.opts.window == self.opts.window - 1 {
             for s in self.stats.iter() {
                 s.lock().clear();
             }
+        }
+        let quarter = self.opts.cooldown.div_ceil(4);
+        if quarter > 0 && s % quarter == quarter - 1 {
+            let mut ring = self.fresh_marks.lock();
+            let i = ring.0;
+            let floor = std::mem::replace(&mut ring.1[i], ids.load(Ordering::Relaxed));
+            ring.0 = (i + 1) % 4;
+            // ORDERING: Relaxed (and the id load above): the watermarks only approximate
+            // ages; a sampler that reads a stale one holds a node back a little longer or
+            // shorter.
+            self.fresh_floor.store(floor, Ordering::Relaxed);
         }
         self.record_one(n, ptr);
         if self.opts.inner {
@@ -318,33 +378,86 @@ impl Migrator {
     fn record_one(&self, n: &Node<'_>, ptr: PPtr) {
         let id = n.hdr.id.load(Ordering::Relaxed);
         let here = numakv_pmem::numa::current_node() % self.nodes;
-        let remote = ptr.node() != here;
-        let hot = {
+        let at = ptr.node() % self.nodes;
+        let target = {
             let mut shard = self.stats[(id as usize) % SHARDS].lock();
-            let e = shard.entry(id).or_insert((0, 0));
-            if remote {
-                e.1 += 1;
-            } else {
-                e.0 += 1;
+            let e = shard
+                .entry(id)
+                .or_insert_with(|| Stat {
+                    by_node: vec![0; self.nodes].into(),
+                    queued: false,
+                    moves: 0,
+                });
+            e.by_node[here] = e.by_node[here].saturating_add(1);
+            if e.queued {
+                return;
             }
-            let total = e.0 + e.1;
+            let total: u32 = e.by_node.iter().sum();
+            let remote = total - e.by_node[at];
             // The first node of a level (low 0) has no previous sibling: never migratable, so
             // never queued (it was queued and aborted over and over).
             let hot = n.low() != 0
                 && total >= self.opts.hot_threshold
-                && f64::from(e.1) > self.opts.remote_share * f64::from(total);
-            if hot {
-                shard.remove(&id);
+                && f64::from(remote) > self.opts.remote_share * f64::from(total);
+            if !hot {
+                return;
             }
-            hot
+            // The node that accesses it most (papers/nobtree.txt §III-B2: "to the socket that accesses
+            // them most");
+            // ties go to the lowest node. With three or more nodes a remote majority can still
+            // leave the node's own node the largest accessor: it stays.
+            let mut best = at;
+            for (i, &c) in e.by_node.iter().enumerate() {
+                if c > e.by_node[best] {
+                    best = i;
+                }
+            }
+            if best == at {
+                return;
+            }
+            // Cool-down: a node made by a split or a migration moves only once it is old
+            // enough; its statistics go on counting.
+            if self.opts.cooldown > 0 && id >= self.fresh_floor.load(Ordering::Relaxed) {
+                self.counters.cooling.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            e.queued = true;
+            if e.moves > 0 {
+                self.counters.queued_again.fetch_add(1, Ordering::Relaxed);
+            }
+            best
         };
-        if hot {
-            let mut q = self.queue.lock();
-            if q.len() < self.opts.queue_capacity {
-                q.push_back(Candidate { low: n.low(), level: n.level(), id, target: here });
-                self.counters.queued.fetch_add(1, Ordering::Relaxed);
-                self.wake.notify_one();
-            }
+        let mut q = self.queue.lock();
+        if q.len() < self.opts.queue_capacity {
+            q.push_back(Candidate { low: n.low(), level: n.level(), id, target });
+            self.counters.queued.fetch_add(1, Ordering::Relaxed);
+            self.wake.notify_one();
+        } else {
+            drop(q);
+            self.unqueue(id);
+        }
+    }
+
+    /// A queued node was not migrated (it changed, or is on its target already): it may be
+    /// queued again.
+    fn unqueue(&self, id: u64) {
+        if let Some(e) = self.stats[(id as usize) % SHARDS].lock().get_mut(&id) {
+            e.queued = false;
+        }
+    }
+
+    /// Moves the statistics of node `from` to node `to` (a migration's copy: the same node
+    /// under a fresh id). Its accesses so far name the target as the largest accessor, so the
+    /// copy is not hot on arrival, and a node accessed from several nodes needs the others to
+    /// overtake that count before it moves again — rather than the first few samples of a
+    /// fresh id deciding (issue 19: ping-pong).
+    pub(crate) fn carry_migrated(&self, from: u64, to: u64) {
+        let stat = self.stats[(from as usize) % SHARDS].lock().remove(&from);
+        if let Some(mut st) = stat {
+            st.queued = false;
+            st.moves += 1;
+            self.stats[(to as usize) % SHARDS].lock().insert(to, st);
+            self.counters.carried_migrated.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -459,11 +572,16 @@ fn coordinator(tree: Weak<Tree>) {
             c
         };
         if let Some(c) = next {
+            let t0 = std::time::Instant::now();
             match t.migrate_queued(c) {
                 Ok(Some(true)) => m.counters.migrated.fetch_add(1, Ordering::Relaxed),
                 Ok(None) => 0, // already on the target node
                 _ => m.counters.aborted.fetch_add(1, Ordering::Relaxed),
             };
+            // Not migrated (already there, changed, aborted): it may be queued again. After a
+            // migration the statistics moved to the copy's id; this finds nothing.
+            m.unqueue(c.id);
+            m.counters.busy_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             // The migration's PM lines go into the thread's published totals before `busy`
             // clears, so a benchmark that waited for the queue finds them (docs/design.md §11).
             numakv_pmem::account::op_split();
@@ -596,7 +714,8 @@ impl Tree {
         // 2. The copy on the target node, complete and durable, before anything else.
         let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
         let unlinked = Unlinked { tree: self, p: np, done: false };
-        init_node(&self.pool, np, level, leftmost, low, sib, self.new_id(), &recs)?;
+        let new_id = self.new_id();
+        init_node(&self.pool, np, level, leftmost, low, sib, new_id, &recs)?;
         // The copy is frozen too until both references name it: a write into it while `L`
         // still leads to `O` would be missed by readers (scans) walking from `L` into `O`.
         let copy = self.node(np)?;
@@ -731,6 +850,7 @@ impl Tree {
         drop(frozen_l);
         if let Some(m) = &self.migrator {
             m.held(held_since.elapsed().as_nanos() as u64, is_root);
+            m.carry_migrated(id, new_id);
         }
         // SAFETY: `node` is unlinked (parent — or the upper layer — and previous sibling name
         // the copy, and it is marked obsolete for anyone holding it); it is retired once,

@@ -257,3 +257,66 @@ fn rebuild_from_a_snapshot_keeps_concurrent_upper_writes() {
         assert_eq!(t.get(key(i)).unwrap(), Some(vk(key(i))));
     }
 }
+
+/// Issue 19 (hysteresis; papers/nobtree.txt §III-B2: nodes migrate "to the socket that
+/// accesses them most"): three NUMA nodes, one leaf on node 0, read 6 times from node 2 and
+/// then once from node 1 — the sample that makes it hot comes from node 1, and the leaf goes
+/// to node 2 (it went to the last sampler's node before). The coordinator is parked with the
+/// leaf frozen (`nobtree.migrate.frozen`) while node 2 reads it 20 times more; the copy then
+/// carries those statistics (node 1: 1, node 2: 26): a burst of 8 reads from node 1 — enough
+/// to make a fresh id hot (threshold 7, all remote) — does not move it back.
+#[test]
+fn migration_goes_to_the_largest_accessor_and_the_copy_keeps_its_statistics() {
+    use numakv_nobtree::{MigrationOptions, Nobtree};
+    use numakv_pmem::numa::set_current_node;
+    use numakv_pmem::{PersistMode, Pool, SimMode};
+    let sc = Scenario::setup();
+    let d = tempfile::tempdir().unwrap();
+    // Loaded without the coordinator (the loader's samples would count for node 0), then
+    // reopened with it: the loaded nodes are not fresh (no cool-down applies to them anyway).
+    let mut cfg = common::pool_cfg(PersistMode::Adr, SimMode::Direct);
+    cfg.nodes = 3;
+    let load = NobtreeOptions { nsm_mode: NsmMode::Node(0), ..quiet() };
+    let t = Nobtree::create(Pool::create(d.path(), cfg).unwrap(), &load).unwrap();
+    for k in 1..=2000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    t.close().unwrap();
+    let opts = NobtreeOptions {
+        nsm_mode: NsmMode::Node(0),
+        migration: MigrationOptions {
+            sample_every: 1,
+            hot_threshold: 7,
+            cooldown: 0,
+            inner: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (t, _) = common::reopen(d.path(), SimMode::Direct, &opts);
+    let k = 1000;
+    assert_eq!(t.leaf_node_of(k).unwrap(), 0);
+    let read = |node: usize, times: usize| {
+        set_current_node(node);
+        for _ in 0..times {
+            assert_eq!(t.get(k).unwrap(), Some(vk(k)));
+        }
+        set_current_node(0);
+    };
+    let parked = sc.pause("nobtree.migrate.frozen");
+    read(2, 6);
+    read(1, 1);
+    parked.wait_parked();
+    read(2, 20);
+    parked.release();
+    t.drain_migrations();
+    let st = t.stats();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 2, "not the largest accessor: {:?}", st.counters);
+    read(1, 8);
+    t.drain_migrations();
+    let st = t.stats();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 2, "moved back by a burst: {:?}", st.counters);
+    assert_eq!(st.counter("migrations"), Some(1), "{:?}", st.counters);
+    assert_eq!(st.counter("migration_stats_carried"), Some(1), "{:?}", st.counters);
+    t.check().unwrap();
+}
