@@ -1,15 +1,24 @@
 //! The migration coordinator (papers/nobtree.txt §III-D).
 //!
 //! **Identifying nodes.** Every `sample_every`-th operation of a thread (the paper's every
-//! tenth) records, in a DRAM hash table keyed by the leaf's node id, whether the access was
-//! local or remote (the leaf's PM node against the thread's node). A leaf whose sampled
-//! accesses in the current window reach `hot_threshold` and are mostly remote (`remote_share`)
-//! goes into the global queue by name — its `low`, level and id — with the target node (the
-//! accessing thread's); the coordinator finds the node again by a descent under its own pin and
+//! tenth) records, in a DRAM hash table keyed by the leaf's node id, one access from the
+//! thread's NUMA node (a count per accessing node). A leaf whose sampled accesses in the
+//! current window reach `hot_threshold` and are mostly remote (`remote_share` of them from
+//! other nodes than the leaf's own) goes into the global queue by name — its `low`, level and
+//! id — with the target node: the node that accessed it most (§III-B2), not the sampler that
+//! tipped it. The coordinator finds the node again by a descent under its own pin and
 //! migrates it only if it still carries that id, so no queued pointer is ever dereferenced
 //! after its node could have been freed. Its previous sibling and parent are found at that
 //! point too (they may change before the migration runs). The table is cleared every `window`
 //! samples (the monitoring window).
+//!
+//! **Hysteresis** (issue 19): a migrated copy carries the original's statistics (they name
+//! the target as the largest accessor, so the copy is not hot on arrival, and a short burst
+//! from elsewhere does not outweigh them); a node that moved needs a 75% remote majority
+//! (halfway from `remote_share` to all) to move again within the window; a node made by a
+//! split or a migration is not queued during its cool-down (`MigrationOptions::cooldown`,
+//! measured in samples through watermarks of the id counter: nothing is written on the split
+//! path). A split's new half starts without statistics (see docs/design.md for why).
 //!
 //! **Migrating** (the coordinator thread, [`Tree::migrate`]; one at a time): *freeze* the node
 //! `O` (under its lock for a moment: set the volatile FROZEN flag; writers then wait, merges
@@ -381,13 +390,11 @@ impl Migrator {
         let at = ptr.node() % self.nodes;
         let target = {
             let mut shard = self.stats[(id as usize) % SHARDS].lock();
-            let e = shard
-                .entry(id)
-                .or_insert_with(|| Stat {
-                    by_node: vec![0; self.nodes].into(),
-                    queued: false,
-                    moves: 0,
-                });
+            let e = shard.entry(id).or_insert_with(|| Stat {
+                by_node: vec![0; self.nodes].into(),
+                queued: false,
+                moves: 0,
+            });
             e.by_node[here] = e.by_node[here].saturating_add(1);
             if e.queued {
                 return;
@@ -396,9 +403,21 @@ impl Migrator {
             let remote = total - e.by_node[at];
             // The first node of a level (low 0) has no previous sibling: never migratable, so
             // never queued (it was queued and aborted over and over).
+            // A node that already moved in this window needs a clearer remote majority to move
+            // again: halfway between `remote_share` and all (75% by default). A node read
+            // about equally from two nodes then stays where it went instead of following
+            // each swing of its samples (issue 19: ping-pong; measured on nobtree-write-heavy
+            // at 2 threads: 910-1104 nodes queued again per run without it, 0-4 with it). The
+            // window's end clears the table, this history with it: halving the counts
+            // instead, to keep it, made more migrations (4666 against 3331-3541 at 1 thread).
+            let share = if e.moves > 0 {
+                (1.0 + self.opts.remote_share) / 2.0
+            } else {
+                self.opts.remote_share
+            };
             let hot = n.low() != 0
                 && total >= self.opts.hot_threshold
-                && f64::from(remote) > self.opts.remote_share * f64::from(total);
+                && f64::from(remote) > share * f64::from(total);
             if !hot {
                 return;
             }
@@ -814,8 +833,7 @@ impl Tree {
                 self.pool.persist(p.rec_addr(*q), 16);
             }
             None => {
-                let writers =
-                    upper_guard.as_mut().expect("root migration holds the upper mutex");
+                let writers = upper_guard.as_mut().expect("root migration holds the upper mutex");
                 // SAFETY: loaded under `guard` (see bottom.rs `upper_root`).
                 let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
                 // Logged for a rebuild building from a snapshot meanwhile.

@@ -241,8 +241,10 @@ fn rebuild_from_a_snapshot_keeps_concurrent_upper_writes() {
             assert!(t2.insert(key(i), vk(key(i))).unwrap());
         }
         // Root migrations: their upper entries are rewritten.
-        let migrated =
-            (0..6000u64).step_by(151).filter(|&i| t2.migrate_node_of(key(i), 0, 1).unwrap()).count();
+        let migrated = (0..6000u64)
+            .step_by(151)
+            .filter(|&i| t2.migrate_node_of(key(i), 0, 1).unwrap())
+            .count();
         (t2.stats().counter("subindex_splits").unwrap() - s0, migrated)
     });
     assert!(splits > 100, "only {splits} subindex splits during the rebuild");
@@ -264,7 +266,8 @@ fn rebuild_from_a_snapshot_keeps_concurrent_upper_writes() {
 /// to node 2 (it went to the last sampler's node before). The coordinator is parked with the
 /// leaf frozen (`nobtree.migrate.frozen`) while node 2 reads it 20 times more; the copy then
 /// carries those statistics (node 1: 1, node 2: 26): a burst of 8 reads from node 1 — enough
-/// to make a fresh id hot (threshold 7, all remote) — does not move it back.
+/// to make a fresh id hot (threshold 7, all remote) — does not move it back; having moved, it
+/// moves again only at a 75% remote majority.
 #[test]
 fn migration_goes_to_the_largest_accessor_and_the_copy_keeps_its_statistics() {
     use numakv_nobtree::{MigrationOptions, Nobtree};
@@ -318,5 +321,15 @@ fn migration_goes_to_the_largest_accessor_and_the_copy_keeps_its_statistics() {
     assert_eq!(t.leaf_node_of(k).unwrap(), 2, "moved back by a burst: {:?}", st.counters);
     assert_eq!(st.counter("migrations"), Some(1), "{:?}", st.counters);
     assert_eq!(st.counter("migration_stats_carried"), Some(1), "{:?}", st.counters);
+    // Having moved, it needs a 75% remote majority to move again: node 1 at 49 of 75 (65%)
+    // is not enough, at 109 of 135 (81%) it is.
+    read(1, 40);
+    t.drain_migrations();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 2, "moved back at 65% remote: {:?}", t.stats().counters);
+    read(1, 60);
+    t.drain_migrations();
+    let st = t.stats();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 1, "not moved at 81% remote: {:?}", st.counters);
+    assert_eq!(st.counter("migrations_queued_again"), Some(1), "{:?}", st.counters);
     t.check().unwrap();
 }
