@@ -628,7 +628,7 @@ impl EngineConfig for NobtreeOptions {
         },
         OptionKey {
             key: "migration_cooldown",
-            help: "samples (all threads) before a node made by a split or a migration may be queued; 0: none (default 8192)",
+            help: "samples (all threads) before a node made by a split or a migration may be queued; 0: none (default 2048)",
         },
         OptionKey {
             key: "background_rebuild",

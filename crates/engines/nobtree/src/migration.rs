@@ -95,7 +95,7 @@ pub struct MigrationOptions {
     /// migration (a fresh id) is not queued until at least this many (and at most 5/4 as
     /// many) samples were taken after its creation; its statistics — carried over from the
     /// node it was split from or copied from — keep counting meanwhile. 0: none. Default
-    /// 8192 (an eighth of the window: about 80 000 operations at `sample_every` 10).
+    /// 2048 (1/32 of the window: about 20 000 operations at `sample_every` 10).
     pub cooldown: u64,
 }
 
@@ -109,7 +109,7 @@ impl Default for MigrationOptions {
             remote_share: 0.5,
             queue_capacity: 1024,
             inner: true,
-            cooldown: 8192,
+            cooldown: 2048,
         }
     }
 }
