@@ -324,9 +324,7 @@ impl Tree {
         let log = w.since_snapshot.take().unwrap_or_default();
         let new = built?;
         let mut fresh = Writers::default();
-        for (k, r) in log {
-            fresh.put(Some(&new), &self.pool, k, r);
-        }
+        fresh.apply(&new, &self.pool, log);
         // ORDERING: AcqRel; the Release publishes the built replicas (with the log applied)
         // to readers' Acquire load of the descriptor.
         let old = self.upper.swap(Owned::new(new), Ordering::AcqRel, &guard);

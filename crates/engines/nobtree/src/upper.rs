@@ -391,9 +391,12 @@ pub(crate) struct Writers {
 }
 
 impl Writers {
-    /// Sets the entry of `key` to `root` in `up` (insert, or replace an existing key), or in
-    /// the temporary list when the replicas' leaf is full. Returns whether the replicas took
-    /// it. Logged for a rebuild in flight.
+    /// Sets the entry of `key` to `root` in `up` (insert, or replace an existing key), or
+    /// appends it to the temporary list when the replicas' leaf is full. Returns whether the
+    /// replicas took it. Logged for a rebuild in flight. The list is not searched: a key
+    /// inserted here is new to it (a new subindex root's `low`, or key 0, which the replicas
+    /// always hold; a migrated root's entry changes through [`Writers::replace`]). Searching
+    /// it cost each insert into a full leaf a walk over up to ~16 000 entries under the mutex.
     pub fn put(&mut self, up: Option<&Upper>, pool: &Pool, key: u64, root: PPtr) -> bool {
         if let Some(log) = &mut self.since_snapshot {
             log.push((key, root));
@@ -401,11 +404,24 @@ impl Writers {
         if up.is_some_and(|u| u.insert(pool, key, root)) {
             return true;
         }
-        match self.temp.iter_mut().find(|e| e.0 == key) {
-            Some(e) => e.1 = root,
-            None => self.temp.push((key, root)),
-        }
+        self.temp.push((key, root));
         false
+    }
+
+    /// A rebuild's step 3: the logged writes, in order, into the new layer `up` and this
+    /// (new) temporary list. Unlike [`Writers::put`] a key may come twice (a root inserted
+    /// and then migrated during the build), so the list — only what the log put there — is
+    /// searched.
+    pub fn apply(&mut self, up: &Upper, pool: &Pool, log: Vec<(u64, PPtr)>) {
+        for (key, root) in log {
+            if up.insert(pool, key, root) {
+                continue;
+            }
+            match self.temp.iter_mut().find(|e| e.0 == key) {
+                Some(e) => e.1 = root,
+                None => self.temp.push((key, root)),
+            }
+        }
     }
 
     /// Points the entry `(key, old)` at `new` (a migrated subindex root) in the replicas and
