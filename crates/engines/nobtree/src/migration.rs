@@ -407,7 +407,7 @@ impl Migrator {
             // again: halfway between `remote_share` and all (75% by default). A node read
             // about equally from two nodes then stays where it went instead of following
             // each swing of its samples (issue 19: ping-pong; measured on nobtree-write-heavy
-            // at 2 threads: 910-1104 nodes queued again per run without it, 0-4 with it). The
+            // at 2 threads: 910-1104 nodes queued again per run without it, 0-11 with it). The
             // window's end clears the table, this history with it: halving the counts
             // instead, to keep it, made more migrations (4666 against 3331-3541 at 1 thread).
             let share = if e.moves > 0 {
