@@ -627,6 +627,10 @@ impl EngineConfig for NobtreeOptions {
             help: "also migrate inner nodes and subindex roots, not only leaves: on | off",
         },
         OptionKey {
+            key: "migration_cooldown",
+            help: "samples (all threads) before a node made by a split or a migration may be queued; 0: none (default 2048)",
+        },
+        OptionKey {
             key: "background_rebuild",
             help: "rebuild the upper layer on a dedicated thread (the paper's): on | off",
         },
@@ -654,6 +658,7 @@ impl EngineConfig for NobtreeOptions {
             }
             "migration_sample_every" => self.migration.sample_every = num(key, value)?,
             "migration_hot_threshold" => self.migration.hot_threshold = num(key, value)?,
+            "migration_cooldown" => self.migration.cooldown = num(key, value)?,
             "migration_inner" | "background_rebuild" => {
                 let on = match value {
                     "on" | "true" | "1" => true,
@@ -681,6 +686,7 @@ impl EngineConfig for NobtreeOptions {
             ("migration_sample_every", self.migration.sample_every.to_string()),
             ("migration_hot_threshold", self.migration.hot_threshold.to_string()),
             ("migration_inner", if self.migration.inner { "on" } else { "off" }.to_string()),
+            ("migration_cooldown", self.migration.cooldown.to_string()),
             ("background_rebuild", if self.background_rebuild { "on" } else { "off" }.to_string()),
         ]
     }

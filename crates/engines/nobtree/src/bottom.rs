@@ -15,7 +15,7 @@ use numakv_pmem::{PPtr, Pool};
 
 use crate::layout::{
     meta_word, sl_build, sl_count, sl_free, sl_index_of, sl_insert, sl_pos, sl_remove, st_counter,
-    st_sib_ver, st_with, Node, END, NODE_SIZE, RECORDS,
+    st_sib_ver, st_with, Node, END, NODE_SIZE, RECORDS, VERSION_ONE,
 };
 use crate::lock::{ReadSnapshot, WriteGuard};
 use crate::{Tree, WriteKind};
@@ -96,36 +96,24 @@ impl Tree {
         Ok((key >= high).then_some(Step::Right(sib)))
     }
 
-    /// Algorithm 2 lines 2–6: the subindex root for `key` from the local replica, corrected by
-    /// walking the root list. Returns it and the number of steps walked.
-    pub(crate) fn locate_root(&self, key: u64, guard: &Guard) -> Result<(PPtr, u64)> {
+    /// Algorithm 2 lines 2–3: the subindex root for `key` from the local replica (the head
+    /// without a layer). The walk along the root list (lines 4–6) is the descent's own
+    /// move-right at the top level ([`Tree::descend_snap`]), so no root is visited twice.
+    #[inline]
+    pub(crate) fn upper_root(&self, key: u64, guard: &Guard) -> Result<PPtr> {
         // SAFETY: loaded under `guard`; a replaced descriptor is destroyed only after every
-        // guard pinned before the swap is gone (rebuild_locked defers it).
+        // guard pinned before the swap is gone (the rebuild defers it).
         let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
-        let mut cur = match up {
-            Some(u) => u.lookup(&self.pool, numakv_pmem::numa::current_node(), key),
-            None => self.head()?,
-        };
-        let mut steps = 0;
-        loop {
-            let n = self.node(cur)?;
-            let snap = ReadSnapshot::begin(&n);
-            let (sib, high) = self.high_of(&n, snap.state)?;
-            if !snap.validate(&n) {
-                continue;
-            }
-            if key >= high {
-                cur = sib;
-                steps += 1;
-                continue;
-            }
-            return Ok((cur, steps));
+        match up {
+            Some(u) => Ok(u.lookup(&self.pool, numakv_pmem::numa::current_node(), key)),
+            None => self.head(),
         }
     }
 
     /// Descends from the upper layer to the node of `level` covering `key`, recording the
     /// visited node of every level above in `path` (`path[l]` = node at level `l`, or null).
-    /// Returns `None` when the bottom layer has no node of that level yet.
+    /// Returns the node and the steps walked along the root list. Without a node of `level`
+    /// (the young first subindex is lower) it returns the head.
     pub(crate) fn descend(
         &self,
         key: u64,
@@ -139,6 +127,11 @@ impl Tree {
     /// [`Tree::descend`], also returning the snapshot under which the returned node was found
     /// to cover `key` (not obsolete, `key` below its high key): a reader that validates it
     /// after reading the node need not visit the node's header (and its sibling's) again.
+    ///
+    /// Each node is visited once: one snapshot, one look at the functional sibling's `low`,
+    /// one routing step, one validation. Moves right at the level the upper layer's root
+    /// was found on are Algorithm 2's walk along the root list (lines 4–6) and are counted
+    /// as Algorithm 3's `goes_step`.
     pub(crate) fn descend_snap(
         &self,
         key: u64,
@@ -148,26 +141,35 @@ impl Tree {
     ) -> Result<(PPtr, u64, ReadSnapshot)> {
         'restart: loop {
             path.fill(PPtr::NULL);
-            let (mut cur, steps) = self.locate_root(key, guard)?;
-            if self.node(cur)?.level() < level {
-                // A stale entry below the wanted level (the first subindex grew meanwhile).
-                cur = self.head()?;
-            }
+            let mut cur = self.upper_root(key, guard)?;
+            let mut steps = 0;
+            // Still on the root list (no step down yet).
+            let mut on_roots = true;
             loop {
                 let n = self.node(cur)?;
                 let snap = ReadSnapshot::begin(&n);
+                let lv = n.level();
+                if on_roots && lv < level {
+                    // A stale entry below the wanted level (the first subindex grew since
+                    // the layer named it): start again from the head, whatever its level.
+                    on_roots = false;
+                    cur = self.head()?;
+                    continue;
+                }
                 match self.must_leave(&n, snap.state, key)? {
                     Some(Step::Restart) => {
                         self.retry();
                         continue 'restart;
                     }
                     Some(Step::Right(s)) => {
+                        if on_roots {
+                            steps += 1;
+                        }
                         cur = s;
                         continue;
                     }
                     None => {}
                 }
-                let lv = n.level();
                 if lv <= level {
                     return Ok((cur, steps, snap));
                 }
@@ -179,6 +181,7 @@ impl Tree {
                 if let Some(slot) = path.get_mut(lv as usize) {
                     *slot = cur;
                 }
+                on_roots = false;
                 cur = child;
             }
         }
@@ -197,7 +200,7 @@ impl Tree {
                 let found = find(&n, w, key).map(|p| n.val(p));
                 if snap.validate(&n) {
                     if let Some(m) = &self.migrator {
-                        m.sample(&self.pool, &n, cur, &path);
+                        m.sample(&self.pool, &n, cur, &path, &self.next_id);
                     }
                     return Ok(found);
                 }
@@ -225,10 +228,20 @@ impl Tree {
         steps_out: &mut u64,
     ) -> Result<WriteGuard<'a>> {
         'restart: loop {
-            let (mut cur, steps) = self.descend(key, 0, path, guard)?;
+            let (mut cur, steps, snap) = self.descend_snap(key, 0, path, guard)?;
             *steps_out = steps;
+            // The state the descent saw the leaf covering `key` in, as it reads once locked
+            // by this thread (the version one up, odd).
+            let mut seen = snap.state.wrapping_add(VERSION_ONE);
             loop {
                 let g = WriteGuard::lock(self.node(cur)?);
+                // Unchanged since the descent checked it (same version, so the same functional
+                // sibling and high key) and not migrated away (OBSOLETE lives in `meta`, which
+                // the version does not cover): no second look at the sibling's `low`.
+                if g.state() == seen && !g.node().is_obsolete() {
+                    return Ok(g);
+                }
+                seen = 0; // an odd state never equals 0: check fully from here on
                 match self.must_leave(&g.node(), g.state(), key)? {
                     Some(Step::Restart) => continue 'restart,
                     Some(Step::Right(s)) => {
@@ -278,7 +291,7 @@ impl Tree {
         // After the unlock: the statistics cost nothing to the node's other writers (the node
         // stays readable: this thread is pinned).
         if let Some(m) = &self.migrator {
-            m.sample(&self.pool, &n, n.ptr, &path);
+            m.sample(&self.pool, &n, n.ptr, &path, &self.next_id);
         }
         if kind != WriteKind::Update {
             self.after_insert(steps);

@@ -123,11 +123,14 @@ impl Tree {
         }
         // Upper layer.
         let guard = epoch::pin();
-        // Held to the end: the rebuild thread (a writer of the upper layer) can neither swap
-        // replicas nor drain the temporary list while they are checked and counted.
+        // Held to the end: no rebuild runs (its replicas, built outside the upper mutex and
+        // not yet published, would count as allocated and unreachable), and no writer of the
+        // upper layer swaps replicas or changes the temporary list while they are checked and
+        // counted. The order — `rebuild_lock`, then the upper mutex — is the rebuild's.
+        let _no_rebuild = self.rebuild_lock.lock();
         let temp_guard = self.upper_lock.lock();
-        let temp: &[(u64, PPtr)] = &temp_guard;
-        // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
+        let temp: &[(u64, PPtr)] = &temp_guard.temp;
+        // SAFETY: loaded under `guard` (see bottom.rs `upper_root`).
         let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() }
             .ok_or_else(|| bad("upper: no upper layer"))?;
         let ents = up.check(&self.pool)?;

@@ -32,6 +32,8 @@
 //!   frozen the previous sibling and the parent; nothing is switched yet.
 //! - `nobtree.migrate.parent_switched` (pause): a migration has armed the log and pointed the
 //!   parent (or the upper layer) at the copy; the previous sibling still names the original.
+//! - `nobtree.rebuild.snapshot` (pause): a rebuild of the upper layer has started its log of
+//!   concurrent writes and read its snapshot; nothing is built or swapped yet.
 //!
 //! ```
 //! use numakv_index::{Engine, Index};
@@ -82,7 +84,7 @@ use crate::layout::{Node, END, ENGINE};
 pub use crate::migration::MigrationOptions;
 use crate::migration::Migrator;
 use crate::rebuild::Rebuilder;
-use crate::upper::Upper;
+use crate::upper::{Upper, Writers};
 
 /// Options of a NOBtree.
 #[derive(Clone, Debug)]
@@ -179,8 +181,12 @@ pub(crate) struct Tree {
     /// The current upper layer (epoch-protected; replaced by a rebuild).
     pub(crate) upper: Atomic<Upper>,
     /// The upper-layer mutex: serialises replica writers; guards the temporary list of roots
-    /// whose insert failed (Algorithm 3 `mutable`).
-    pub(crate) upper_lock: Mutex<Vec<(u64, PPtr)>>,
+    /// whose insert failed (Algorithm 3 `mutable`) and a rebuild's log of the writes made
+    /// since its snapshot. A rebuild holds it only to start the log and to swap.
+    pub(crate) upper_lock: Mutex<Writers>,
+    /// One rebuild of the upper layer at a time (the rebuild thread, an inline rebuild,
+    /// `Nobtree::rebuild_upper`): the log of writes since a snapshot belongs to one build.
+    pub(crate) rebuild_lock: Mutex<()>,
     /// Serialises the growth of the first subindex (a new root above the head).
     pub(crate) grow_lock: Mutex<()>,
     /// Serialises migrations: the coordinator and the public `migrate_*_of` share the one
@@ -197,6 +203,9 @@ pub(crate) struct Tree {
     pub(crate) migrator: Option<Migrator>,
     /// The background rebuild thread (None with `background_rebuild: false`).
     pub(crate) rebuilder: Option<Rebuilder>,
+    /// `lock::FROZEN_WAITS` and `FROZEN_WAIT_NS` when this handle was made (stats report
+    /// the waits since).
+    frozen_base: (u64, u64),
 }
 
 /// What a leaf write does.
@@ -222,7 +231,8 @@ impl Tree {
             height,
             opts: opts.clone(),
             upper: Atomic::new(upper),
-            upper_lock: Mutex::new(Vec::new()),
+            upper_lock: Mutex::new(Writers::default()),
+            rebuild_lock: Mutex::new(()),
             grow_lock: Mutex::new(()),
             migrate_lock: Mutex::new(()),
             next_id: AtomicU64::new(next_id),
@@ -231,6 +241,15 @@ impl Tree {
             counters: Counters::default(),
             migrator: None,
             rebuilder: None,
+            frozen_base: {
+                // The longest wait restarts with every tree (its counts are told apart by
+                // the base instead).
+                lock::FROZEN_WAIT_MAX_NS.store(0, Ordering::Relaxed);
+                (
+                    lock::FROZEN_WAITS.load(Ordering::Relaxed),
+                    lock::FROZEN_WAIT_NS.load(Ordering::Relaxed),
+                )
+            },
         }
     }
 
@@ -292,7 +311,8 @@ impl Tree {
     /// Starts the coordinator and the rebuild thread if the options ask for them.
     fn start_threads(mut self) -> Result<Arc<Tree>> {
         let mig = self.opts.migration.clone();
-        self.migrator = mig.enabled.then(|| Migrator::new(mig, self.pool.nodes()));
+        let first_id = self.next_id.load(Ordering::Relaxed);
+        self.migrator = mig.enabled.then(|| Migrator::new(mig, self.pool.nodes(), first_id));
         self.rebuilder = self.opts.background_rebuild.then(Rebuilder::default);
         let tree = Arc::new(self);
         if let Some(m) = &tree.migrator {
@@ -348,8 +368,7 @@ impl Nobtree {
 
     /// Rebuilds the upper layer now (Algorithm 3 `rebuild_upper`), for tests and tools.
     pub fn rebuild_upper(&self) -> Result<()> {
-        let mut temp = self.0.upper_lock.lock();
-        self.0.rebuild_locked(&mut temp)
+        self.0.rebuild_upper(true).map(|_| ())
     }
 
     /// Waits until no background rebuild of the upper layer is requested or running (tests,
@@ -462,7 +481,7 @@ impl Index for Tree {
             unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() }
                 .map_or(0, |u| u.nodes() as u64)
         };
-        let temp = self.upper_lock.lock().len() as u64;
+        let temp = self.upper_lock.lock().temp.len() as u64;
         let mut counters = vec![
             ("splits", get(&c.splits)),
             ("merges", get(&c.merges)),
@@ -480,6 +499,11 @@ impl Index for Tree {
             ("retries", get(&c.retries)),
             ("orphans_deferred", get(&c.orphans_deferred)),
             ("node_bytes_allocated", s.allocated_bytes),
+            // Writers that waited for a node a migration had frozen (process-wide counts
+            // since this handle was made: trees running at once in one process share them).
+            ("writer_frozen_waits", get(&lock::FROZEN_WAITS) - self.frozen_base.0),
+            ("writer_frozen_wait_ns", get(&lock::FROZEN_WAIT_NS) - self.frozen_base.1),
+            ("writer_frozen_wait_max_ns", get(&lock::FROZEN_WAIT_MAX_NS)),
         ];
         if let Some(m) = &self.migrator {
             counters.extend(m.counters());

@@ -15,9 +15,26 @@
 //! version behind; recovery (which visits every node for NSM's garbage collection anyway)
 //! unlocks them — a crash never leaves a node locked for the next session.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::time::Instant;
 
 use crate::layout::{st_locked, Node, VERSION_ONE};
+
+/// Writers that found their node frozen by a migration and waited for it: how many waits,
+/// their nanoseconds together, the longest. Process-wide (a lock knows no tree); a tree
+/// reports them since its creation (`Tree::frozen_waits`). Touched only on the waiting path.
+pub(crate) static FROZEN_WAITS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static FROZEN_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static FROZEN_WAIT_MAX_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one writer's wait for a frozen node that began at `since`.
+#[cold]
+fn waited(since: Instant) {
+    let ns = since.elapsed().as_nanos() as u64;
+    FROZEN_WAITS.fetch_add(1, Ordering::Relaxed);
+    FROZEN_WAIT_NS.fetch_add(ns, Ordering::Relaxed);
+    FROZEN_WAIT_MAX_NS.fetch_max(ns, Ordering::Relaxed);
+}
 
 /// A held node lock; released on drop (version + 1), so it cannot be forgotten.
 #[derive(Debug)]
@@ -32,6 +49,7 @@ impl<'a> WriteGuard<'a> {
     /// (see [`WriteGuard::lock_unless_frozen`] for those that do).
     pub fn lock(node: Node<'a>) -> WriteGuard<'a> {
         let mut spins = 0u32;
+        let mut frozen_since = None;
         loop {
             // A frozen node is not even locked while it stays frozen: every lock and unlock
             // moves its version and would send its readers (which a freeze lets through) back
@@ -39,10 +57,16 @@ impl<'a> WriteGuard<'a> {
             if !node.is_frozen() {
                 if let Some(g) = Self::try_lock(node) {
                     if !node.is_frozen() {
+                        if let Some(t) = frozen_since {
+                            waited(t);
+                        }
                         return g;
                     }
                     drop(g);
                 }
+            }
+            if frozen_since.is_none() && node.is_frozen() {
+                frozen_since = Some(Instant::now());
             }
             spins += 1;
             if spins < 64 {

@@ -1,15 +1,24 @@
 //! The migration coordinator (papers/nobtree.txt §III-D).
 //!
 //! **Identifying nodes.** Every `sample_every`-th operation of a thread (the paper's every
-//! tenth) records, in a DRAM hash table keyed by the leaf's node id, whether the access was
-//! local or remote (the leaf's PM node against the thread's node). A leaf whose sampled
-//! accesses in the current window reach `hot_threshold` and are mostly remote (`remote_share`)
-//! goes into the global queue by name — its `low`, level and id — with the target node (the
-//! accessing thread's); the coordinator finds the node again by a descent under its own pin and
+//! tenth) records, in a DRAM hash table keyed by the leaf's node id, one access from the
+//! thread's NUMA node (a count per accessing node). A leaf whose sampled accesses in the
+//! current window reach `hot_threshold` and are mostly remote (`remote_share` of them from
+//! other nodes than the leaf's own) goes into the global queue by name — its `low`, level and
+//! id — with the target node: the node that accessed it most (§III-B2), not the sampler that
+//! tipped it. The coordinator finds the node again by a descent under its own pin and
 //! migrates it only if it still carries that id, so no queued pointer is ever dereferenced
 //! after its node could have been freed. Its previous sibling and parent are found at that
 //! point too (they may change before the migration runs). The table is cleared every `window`
 //! samples (the monitoring window).
+//!
+//! **Hysteresis** (issue 19): a migrated copy carries the original's statistics (they name
+//! the target as the largest accessor, so the copy is not hot on arrival, and a short burst
+//! from elsewhere does not outweigh them); a node that moved needs a 75% remote majority
+//! (halfway from `remote_share` to all) to move again within the window; a node made by a
+//! split or a migration is not queued during its cool-down (`MigrationOptions::cooldown`,
+//! measured in samples through watermarks of the id counter: nothing is written on the split
+//! path). A split's new half starts without statistics (see docs/design.md for why).
 //!
 //! **Migrating** (the coordinator thread, [`Tree::migrate`]; one at a time): *freeze* the node
 //! `O` (under its lock for a moment: set the volatile FROZEN flag; writers then wait, merges
@@ -82,6 +91,12 @@ pub struct MigrationOptions {
     /// Also monitor and migrate inner nodes of the subindexes, roots included (see the module
     /// docs); `false`: leaves only.
     pub inner: bool,
+    /// Cool-down, in samples of all threads together: a node created by a split or a
+    /// migration (a fresh id) is not queued until at least this many (and at most 5/4 as
+    /// many) samples were taken after its creation; its statistics — carried over from the
+    /// node it was split from or copied from — keep counting meanwhile. 0: none. Default
+    /// 2048 (1/32 of the window: about 20 000 operations at `sample_every` 10).
+    pub cooldown: u64,
 }
 
 impl Default for MigrationOptions {
@@ -94,6 +109,7 @@ impl Default for MigrationOptions {
             remote_share: 0.5,
             queue_capacity: 1024,
             inner: true,
+            cooldown: 2048,
         }
     }
 }
@@ -128,8 +144,19 @@ pub(crate) struct Candidate {
 /// Statistics shards (DRAM hash table keyed by node id).
 const SHARDS: usize = 16;
 
-/// One shard: node id → (local, remote) sampled accesses in the window.
-type StatsShard = HashMap<u64, (u32, u32)>;
+/// A node's sampled accesses in the current window.
+#[derive(Clone, Debug)]
+struct Stat {
+    /// Sampled accesses per accessing NUMA node (index = node).
+    by_node: Box<[u32]>,
+    /// Queued and not yet migrated or given up: not queued again meanwhile.
+    queued: bool,
+    /// Migrations of this node (and of the nodes it is a copy of) in the window.
+    moves: u32,
+}
+
+/// One shard: node id → its statistics.
+type StatsShard = HashMap<u64, Stat>;
 
 #[derive(Debug, Default)]
 struct MigCounters {
@@ -144,6 +171,15 @@ struct MigCounters {
     /// The same for subindex-root migrations alone (they also hold the upper-layer mutex).
     root_migrated: AtomicU64,
     root_hold_ns: AtomicU64,
+    /// Hot, mostly remote nodes not queued because they were cooling down.
+    cooling: AtomicU64,
+    /// Nanoseconds the coordinator spent on candidates (descent, migration or abort): the
+    /// CPU it takes from the workers on a machine with no core to spare.
+    busy_ns: AtomicU64,
+    /// Statistics carried to a migrated copy.
+    carried_migrated: AtomicU64,
+    /// Nodes queued that had been migrated before within the window (ping-pong).
+    queued_again: AtomicU64,
 }
 
 thread_local! {
@@ -157,6 +193,12 @@ pub(crate) struct Migrator {
     nodes: usize,
     stats: Box<[Mutex<StatsShard>]>,
     samples: AtomicU64,
+    /// Cool-down watermarks (see `MigrationOptions::cooldown`): every quarter cool-down the
+    /// tree's next id goes into the ring, and `fresh_floor` takes the value it replaces (the
+    /// next id four quarters ago). So an id at or above `fresh_floor` was created less than
+    /// 5/4 cool-downs ago, an id below it more than one cool-down ago.
+    fresh_floor: AtomicU64,
+    fresh_marks: Mutex<(usize, [u64; 4])>,
     queue: Mutex<VecDeque<Candidate>>,
     wake: Condvar,
     /// Set while the coordinator works on a popped candidate (for `drain`).
@@ -169,12 +211,15 @@ pub(crate) struct Migrator {
 }
 
 impl Migrator {
-    pub(crate) fn new(opts: MigrationOptions, nodes: usize) -> Migrator {
+    /// `first_id`: the tree's next node id now (nodes already there are not fresh).
+    pub(crate) fn new(opts: MigrationOptions, nodes: usize, first_id: u64) -> Migrator {
         Migrator {
             opts,
             nodes,
             stats: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             samples: AtomicU64::new(0),
+            fresh_floor: AtomicU64::new(first_id),
+            fresh_marks: Mutex::new((0, [first_id; 4])),
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             busy: AtomicBool::new(false),
@@ -270,17 +315,29 @@ impl Migrator {
             ("migration_hold_max_ns", g(&c.hold_max_ns)),
             ("root_migrations", g(&c.root_migrated)),
             ("root_migration_hold_ns", g(&c.root_hold_ns)),
+            ("migrations_cooling", g(&c.cooling)),
+            ("migration_busy_ns", g(&c.busy_ns)),
+            ("migration_stats_carried", g(&c.carried_migrated)),
+            ("migrations_queued_again", g(&c.queued_again)),
         ]
     }
 
     pub(crate) fn dram_bytes(&self) -> u64 {
         let entries: usize = self.stats.iter().map(|s| s.lock().capacity()).sum();
-        (entries * 24) as u64
+        (entries * (40 + 4 * self.nodes)) as u64
     }
 
-    /// Records an access to leaf `n` at `ptr` (every `sample_every`-th call of this thread).
+    /// Records an access to leaf `n` at `ptr` (every `sample_every`-th call of this thread);
+    /// `ids` is the tree's next node id (for the cool-down's watermarks).
     #[inline]
-    pub(crate) fn sample(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+    pub(crate) fn sample(
+        &self,
+        pool: &Pool,
+        n: &Node<'_>,
+        ptr: PPtr,
+        path: &[PPtr],
+        ids: &AtomicU64,
+    ) {
         let tick = TICK.with(|t| {
             let v = t.get().wrapping_add(1);
             t.set(v);
@@ -289,16 +346,28 @@ impl Migrator {
         if tick % self.opts.sample_every != 0 || self.nodes < 2 {
             return;
         }
-        self.record(pool, n, ptr, path);
+        self.record(pool, n, ptr, path, ids);
     }
 
     #[cold]
-    fn record(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr]) {
+    fn record(&self, pool: &Pool, n: &Node<'_>, ptr: PPtr, path: &[PPtr], ids: &AtomicU64) {
         self.counters.sampled.fetch_add(1, Ordering::Relaxed);
-        if self.samples.fetch_add(1, Ordering::Relaxed) % self.opts.window == self.opts.window - 1 {
+        let s = self.samples.fetch_add(1, Ordering::Relaxed);
+        if s % self.opts.window == self.opts.window - 1 {
             for s in self.stats.iter() {
                 s.lock().clear();
             }
+        }
+        let quarter = self.opts.cooldown.div_ceil(4);
+        if quarter > 0 && s % quarter == quarter - 1 {
+            let mut ring = self.fresh_marks.lock();
+            let i = ring.0;
+            let floor = std::mem::replace(&mut ring.1[i], ids.load(Ordering::Relaxed));
+            ring.0 = (i + 1) % 4;
+            // ORDERING: Relaxed (and the id load above): the watermarks only approximate
+            // ages; a sampler that reads a stale one holds a node back a little longer or
+            // shorter.
+            self.fresh_floor.store(floor, Ordering::Relaxed);
         }
         self.record_one(n, ptr);
         if self.opts.inner {
@@ -318,33 +387,96 @@ impl Migrator {
     fn record_one(&self, n: &Node<'_>, ptr: PPtr) {
         let id = n.hdr.id.load(Ordering::Relaxed);
         let here = numakv_pmem::numa::current_node() % self.nodes;
-        let remote = ptr.node() != here;
-        let hot = {
+        let at = ptr.node() % self.nodes;
+        let target = {
             let mut shard = self.stats[(id as usize) % SHARDS].lock();
-            let e = shard.entry(id).or_insert((0, 0));
-            if remote {
-                e.1 += 1;
-            } else {
-                e.0 += 1;
+            let e = shard.entry(id).or_insert_with(|| Stat {
+                by_node: vec![0; self.nodes].into(),
+                queued: false,
+                moves: 0,
+            });
+            e.by_node[here] = e.by_node[here].saturating_add(1);
+            if e.queued {
+                return;
             }
-            let total = e.0 + e.1;
+            let total: u32 = e.by_node.iter().sum();
+            let remote = total - e.by_node[at];
             // The first node of a level (low 0) has no previous sibling: never migratable, so
             // never queued (it was queued and aborted over and over).
+            // A node that already moved in this window needs a clearer remote majority to move
+            // again: halfway between `remote_share` and all (75% by default). A node read
+            // about equally from two nodes then stays where it went instead of following
+            // each swing of its samples (issue 19: ping-pong; measured on nobtree-write-heavy
+            // at 2 threads: 910-1104 nodes queued again per run without it, 0-11 with it). The
+            // window's end clears the table, this history with it: halving the counts
+            // instead, to keep it, made more migrations (4666 against 3331-3541 at 1 thread).
+            let share = if e.moves > 0 {
+                (1.0 + self.opts.remote_share) / 2.0
+            } else {
+                self.opts.remote_share
+            };
             let hot = n.low() != 0
                 && total >= self.opts.hot_threshold
-                && f64::from(e.1) > self.opts.remote_share * f64::from(total);
-            if hot {
-                shard.remove(&id);
+                && f64::from(remote) > share * f64::from(total);
+            if !hot {
+                return;
             }
-            hot
+            // The node that accesses it most (papers/nobtree.txt §III-B2: "to the socket that accesses
+            // them most");
+            // ties go to the lowest node. With three or more nodes a remote majority can still
+            // leave the node's own node the largest accessor: it stays.
+            let mut best = at;
+            for (i, &c) in e.by_node.iter().enumerate() {
+                if c > e.by_node[best] {
+                    best = i;
+                }
+            }
+            if best == at {
+                return;
+            }
+            // Cool-down: a node made by a split or a migration moves only once it is old
+            // enough; its statistics go on counting.
+            if self.opts.cooldown > 0 && id >= self.fresh_floor.load(Ordering::Relaxed) {
+                self.counters.cooling.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            e.queued = true;
+            if e.moves > 0 {
+                self.counters.queued_again.fetch_add(1, Ordering::Relaxed);
+            }
+            best
         };
-        if hot {
-            let mut q = self.queue.lock();
-            if q.len() < self.opts.queue_capacity {
-                q.push_back(Candidate { low: n.low(), level: n.level(), id, target: here });
-                self.counters.queued.fetch_add(1, Ordering::Relaxed);
-                self.wake.notify_one();
-            }
+        let mut q = self.queue.lock();
+        if q.len() < self.opts.queue_capacity {
+            q.push_back(Candidate { low: n.low(), level: n.level(), id, target });
+            self.counters.queued.fetch_add(1, Ordering::Relaxed);
+            self.wake.notify_one();
+        } else {
+            drop(q);
+            self.unqueue(id);
+        }
+    }
+
+    /// A queued node was not migrated (it changed, or is on its target already): it may be
+    /// queued again.
+    fn unqueue(&self, id: u64) {
+        if let Some(e) = self.stats[(id as usize) % SHARDS].lock().get_mut(&id) {
+            e.queued = false;
+        }
+    }
+
+    /// Moves the statistics of node `from` to node `to` (a migration's copy: the same node
+    /// under a fresh id). Its accesses so far name the target as the largest accessor, so the
+    /// copy is not hot on arrival, and a node accessed from several nodes needs the others to
+    /// overtake that count before it moves again — rather than the first few samples of a
+    /// fresh id deciding (issue 19: ping-pong).
+    pub(crate) fn carry_migrated(&self, from: u64, to: u64) {
+        let stat = self.stats[(from as usize) % SHARDS].lock().remove(&from);
+        if let Some(mut st) = stat {
+            st.queued = false;
+            st.moves += 1;
+            self.stats[(to as usize) % SHARDS].lock().insert(to, st);
+            self.counters.carried_migrated.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -459,11 +591,16 @@ fn coordinator(tree: Weak<Tree>) {
             c
         };
         if let Some(c) = next {
+            let t0 = std::time::Instant::now();
             match t.migrate_queued(c) {
                 Ok(Some(true)) => m.counters.migrated.fetch_add(1, Ordering::Relaxed),
                 Ok(None) => 0, // already on the target node
                 _ => m.counters.aborted.fetch_add(1, Ordering::Relaxed),
             };
+            // Not migrated (already there, changed, aborted): it may be queued again. After a
+            // migration the statistics moved to the copy's id; this finds nothing.
+            m.unqueue(c.id);
+            m.counters.busy_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             // The migration's PM lines go into the thread's published totals before `busy`
             // clears, so a benchmark that waited for the queue finds them (docs/design.md §11).
             numakv_pmem::account::op_split();
@@ -596,7 +733,8 @@ impl Tree {
         // 2. The copy on the target node, complete and durable, before anything else.
         let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
         let unlinked = Unlinked { tree: self, p: np, done: false };
-        init_node(&self.pool, np, level, leftmost, low, sib, self.new_id(), &recs)?;
+        let new_id = self.new_id();
+        init_node(&self.pool, np, level, leftmost, low, sib, new_id, &recs)?;
         // The copy is frozen too until both references name it: a write into it while `L`
         // still leads to `O` would be missed by readers (scans) walking from `L` into `O`.
         let copy = self.node(np)?;
@@ -654,15 +792,15 @@ impl Tree {
         // entry, not listed.
         let mut upper_guard = None;
         if is_root {
-            let temp = self.upper_lock.lock();
-            // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
+            let writers = self.upper_lock.lock();
+            // SAFETY: loaded under `guard` (see bottom.rs `upper_root`).
             let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
             let in_upper = up.is_some_and(|u| u.names(&self.pool, low, node));
-            let in_temp = temp.iter().any(|&(k, p)| k == low && p == node);
+            let in_temp = writers.temp.iter().any(|&(k, p)| k == low && p == node);
             if !in_upper && !in_temp {
                 return Ok(false); // its upper insert has not run yet
             }
-            upper_guard = Some(temp);
+            upper_guard = Some(writers);
         }
         numakv_pmem::pause_point!("nobtree.migrate.frozen");
         // Arm the log.
@@ -695,14 +833,11 @@ impl Tree {
                 self.pool.persist(p.rec_addr(*q), 16);
             }
             None => {
-                let temp = upper_guard.as_mut().expect("root migration holds the upper mutex");
-                // SAFETY: loaded under `guard` (see bottom.rs `locate_root`).
-                if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() } {
-                    up.replace(&self.pool, low, node, np);
-                }
-                for e in temp.iter_mut().filter(|e| e.1 == node) {
-                    e.1 = np;
-                }
+                let writers = upper_guard.as_mut().expect("root migration holds the upper mutex");
+                // SAFETY: loaded under `guard` (see bottom.rs `upper_root`).
+                let up = unsafe { self.upper.load(Ordering::Acquire, guard).as_ref() };
+                // Logged for a rebuild building from a snapshot meanwhile.
+                writers.replace(up, &self.pool, low, node, np);
             }
         }
         drop(upper_guard);
@@ -733,6 +868,7 @@ impl Tree {
         drop(frozen_l);
         if let Some(m) = &self.migrator {
             m.held(held_since.elapsed().as_nanos() as u64, is_root);
+            m.carry_migrated(id, new_id);
         }
         // SAFETY: `node` is unlinked (parent — or the upper layer — and previous sibling name
         // the copy, and it is marked obsolete for anyone holding it); it is retired once,

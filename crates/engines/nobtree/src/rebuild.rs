@@ -3,15 +3,15 @@
 //!
 //! An insert whose walk along the root list pushes Algorithm 3's `average_goes_step` over the
 //! threshold only *requests* a rebuild (one atomic swap, then a condvar notify for the first
-//! requester); it does not build anything itself. The rebuild thread takes the upper-layer
-//! mutex, builds fresh replicas from the current local replica's entries and the temporary
-//! list, publishes the new descriptor with one pointer swap and retires the old replicas under
-//! the epoch ([`Tree::rebuild_locked`]). Readers are never blocked: until the swap they search
-//! the old replicas, which stay valid (they are freed only after every reader pinned before the
-//! swap has left), and anything the old layer misses is found by walking the root list. Writers
-//! whose split inserts a new subindex root into the upper layer wait for the mutex while a
-//! rebuild runs (they would otherwise have to be replayed into the new replicas), which keeps
-//! replicas, temporary list and rebuilt layer consistent without a second log.
+//! requester); it does not build anything itself. The rebuild thread builds fresh replicas
+//! from a snapshot of the current layer and the temporary list without holding the
+//! upper-layer mutex, applies the writes made to the layer meanwhile (logged under the mutex),
+//! publishes the new descriptor with one pointer swap and retires the old replicas under the
+//! epoch ([`Tree::rebuild_snapshot`]). Readers are never blocked: until the swap they search
+//! the old replicas, which stay valid (they are freed only after every reader pinned before
+//! the swap has left), and anything the old layer misses is found by walking the root list.
+//! Writers that insert a new subindex root (or migrate one) during the build write the old
+//! layer, as at any time, and wait only for the brief swap.
 //!
 //! With `NobtreeOptions::background_rebuild = false` the inserting thread that wins `try_lock`
 //! rebuilds inline instead (the behaviour before this thread existed; kept for comparison).
@@ -120,15 +120,10 @@ fn run(tree: Weak<Tree>) {
         r.busy.store(true, Ordering::Release);
         if r.requested.swap(false, Ordering::AcqRel) && !r.stop.load(Ordering::Acquire) {
             r.taken.fetch_add(1, Ordering::Relaxed);
-            let mut temp = t.upper_lock.lock();
-            if temp.is_empty() {
-                // Nothing the current layer lacks: the walks came from roots not yet inserted
-                // (a split between its commit and its upper insert). Start a new average.
-                t.walk.reset();
-            } else {
-                // Out of space: skipped; the old layer and the temporary list stay.
-                let _ = t.rebuild_locked(&mut temp);
-            }
+            // An empty temporary list: nothing the current layer lacks (the walks came from
+            // roots between their commit and their upper insert); the average restarts.
+            // Out of space: skipped; the old layer and the temporary list stay.
+            let _ = t.rebuild_upper(false);
         }
         // The rebuild's PM lines go into the thread's published totals before `busy` clears
         // (docs/design.md §11).

@@ -136,8 +136,8 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NobtreeOptions) -> Result<(Tree, Reco
     let levels = walk(&tree.pool, tree.head()?, height)?;
     let entries = entries_of(&tree.pool, &levels[0])?;
     {
-        let mut temp = tree.upper_lock.lock();
-        temp.clear();
+        let mut writers = tree.upper_lock.lock();
+        writers.temp.clear();
         let guard = epoch::pin();
         let fresh = Upper::build(&tree.nsm, &tree.pool, &entries)?;
         let old = tree.upper.swap(epoch::Owned::new(fresh), Ordering::AcqRel, &guard);

@@ -32,7 +32,7 @@ use crate::layout::{
     self, sl_build, sl_count, sl_positions, st_sib_ver, st_with, NODE_SIZE, RECORDS,
 };
 use crate::lock::{ReadSnapshot, WriteGuard};
-use crate::upper::Upper;
+use crate::upper::{Upper, Writers};
 use crate::Tree;
 
 impl Tree {
@@ -231,26 +231,23 @@ impl Tree {
         // PERSIST: the new head is durable (R itself was persisted by init_node before).
         self.pool.persist_obj(slot);
         self.counters.grows.fetch_add(1, Ordering::Relaxed);
-        let _temp = self.upper_lock.lock();
+        let mut writers = self.upper_lock.lock();
         let guard = numakv_pmem::alloc::epoch::pin();
-        // SAFETY: loaded under `guard` (see `locate_root`).
-        if let Some(up) = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() } {
-            // Key 0 exists: this replaces the head entry in place, it cannot fail.
-            up.insert(&self.pool, 0, r);
-        }
+        // SAFETY: loaded under `guard` (see `upper_root`).
+        let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
+        // Key 0 exists: this replaces the head entry in place, it cannot fail.
+        writers.put(up, &self.pool, 0, r);
         Ok(())
     }
 
     /// Algorithm 3 lines 14–22: the new subindex root goes into every replica, or into the
     /// temporary list when its leaf is full.
     pub(crate) fn upper_insert(&self, sep: u64, root: PPtr) {
-        let mut temp = self.upper_lock.lock();
+        let mut writers = self.upper_lock.lock();
         let guard = numakv_pmem::alloc::epoch::pin();
-        // SAFETY: loaded under `guard` (see `locate_root`).
-        let ok = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() }
-            .is_some_and(|up| up.insert(&self.pool, sep, root));
-        if !ok {
-            temp.push((sep, root));
+        // SAFETY: loaded under `guard` (see `upper_root`).
+        let up = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
+        if !writers.put(up, &self.pool, sep, root) {
             self.counters.upper_insert_failed.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -274,30 +271,65 @@ impl Tree {
             r.request();
             return;
         }
-        if let Some(mut temp) = self.upper_lock.try_lock() {
-            if !temp.is_empty() {
-                let _ = self.rebuild_locked(&mut temp);
-            }
+        if let Some(_one) = self.rebuild_lock.try_lock() {
+            let _ = self.rebuild_snapshot(false);
         }
     }
 
-    /// Algorithm 3 `rebuild_upper` / §IV-C: the current entries plus the temporary list, built
-    /// into fresh replicas, swapped in; the old ones are retired under the epoch.
-    pub(crate) fn rebuild_locked(&self, temp: &mut Vec<(u64, PPtr)>) -> Result<()> {
+    /// Rebuilds the upper layer (one at a time; see [`Tree::rebuild_snapshot`]). With `force`
+    /// false nothing is built while the temporary list is empty (the walk's average restarts
+    /// instead: its steps came from roots between their commit and their upper insert).
+    pub(crate) fn rebuild_upper(&self, force: bool) -> Result<bool> {
+        let _one = self.rebuild_lock.lock();
+        self.rebuild_snapshot(force)
+    }
+
+    /// Algorithm 3 `rebuild_upper` / §IV-C from a snapshot; the caller holds `rebuild_lock`.
+    ///
+    /// 1. Under the upper-layer mutex, for a moment: copy the temporary list and start the log
+    ///    of writes (`Writers::since_snapshot`).
+    /// 2. Without it: read replica 0 leaf by leaf under the leaves' versions
+    ///    ([`Upper::snapshot`]), merge the copied list in, build the new replicas on every
+    ///    node. Writers meanwhile insert new subindex roots and rewrite migrated ones in the
+    ///    old replicas (readers see them at once) or its temporary list, and log them.
+    /// 3. Under the mutex again, briefly: apply the log in order to the new replicas (a full
+    ///    leaf sends an entry to the new temporary list), swap the descriptor, retire the old
+    ///    replicas under the epoch, install the new temporary list.
+    ///
+    /// A write the snapshot already saw is applied again, which changes nothing: every logged
+    /// write sets an entry (`key` names `root`), and the last one for a key wins either way.
+    /// Returns whether a new layer was published; out of space leaves the old one (and stops
+    /// the log).
+    pub(crate) fn rebuild_snapshot(&self, force: bool) -> Result<bool> {
         let guard = numakv_pmem::alloc::epoch::pin();
-        let old = self.upper.load(Ordering::Acquire, &guard);
-        let mut map = BTreeMap::new();
-        // SAFETY: loaded under `guard`.
-        if let Some(o) = unsafe { old.as_ref() } {
-            map.extend(o.entries(&self.pool, 0));
-        }
-        map.extend(temp.iter().copied());
+        let temp = {
+            let mut w = self.upper_lock.lock();
+            if w.temp.is_empty() && !force {
+                self.walk.reset();
+                return Ok(false);
+            }
+            w.since_snapshot = Some(Vec::new());
+            w.temp.clone()
+        };
+        // SAFETY: loaded under `guard`; only a rebuild replaces it, and the caller's
+        // `rebuild_lock` makes this the one.
+        let old = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
+        let mut map: BTreeMap<u64, PPtr> =
+            old.map(|o| o.snapshot(&self.pool)).unwrap_or_default().into_iter().collect();
+        map.extend(temp);
         let entries: Vec<(u64, PPtr)> = map.into_iter().collect();
-        let new = Upper::build(&self.nsm, &self.pool, &entries)?;
-        // ORDERING: AcqRel; the Release publishes the built replicas to readers' Acquire load.
+        numakv_pmem::pause_point!("nobtree.rebuild.snapshot");
+        let built = Upper::build(&self.nsm, &self.pool, &entries);
+        let mut w = self.upper_lock.lock();
+        let log = w.since_snapshot.take().unwrap_or_default();
+        let new = built?;
+        let mut fresh = Writers::default();
+        fresh.apply(&new, &self.pool, log);
+        // ORDERING: AcqRel; the Release publishes the built replicas (with the log applied)
+        // to readers' Acquire load of the descriptor.
         let old = self.upper.swap(Owned::new(new), Ordering::AcqRel, &guard);
-        // SAFETY: `old` is unreachable for new readers from here on; current readers are pinned,
-        // and both the descriptor and its blocks are reclaimed only after they unpin.
+        // SAFETY: `old` is unreachable for new readers from here on; current readers are
+        // pinned, and both the descriptor and its blocks are reclaimed only after they unpin.
         unsafe {
             if let Some(o) = old.as_ref() {
                 for &p in &o.replicas {
@@ -306,10 +338,11 @@ impl Tree {
             }
             guard.defer_destroy(old);
         }
-        temp.clear();
+        w.temp = fresh.temp;
+        drop(w);
         self.walk.reset();
         self.counters.rebuilds.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -308,6 +308,43 @@ impl Upper {
         out
     }
 
+    /// Every entry of replica 0 in key order, read without the upper-layer mutex: each leaf
+    /// under its version (a leaf a writer changes meanwhile is read again), so every leaf's
+    /// entries are a state that leaf had. Used by a rebuild, which logs every write made after
+    /// it started reading ([`Writers::since_snapshot`]) and applies them to what it built.
+    pub fn snapshot(&self, pool: &Pool) -> Vec<(u64, PPtr)> {
+        let base = self.replicas[0];
+        let first = *self.level_first.last().unwrap_or(&0);
+        let mut out = Vec::new();
+        for l in 0..*self.level_count.last().unwrap_or(&0) {
+            let leaf = self.node(pool, base, first + l);
+            let at = out.len();
+            loop {
+                // ORDERING: Acquire; pairs with the Release that ends a leaf write.
+                let v = leaf.w[LEAF_VERSION].load(Ordering::Acquire);
+                if v & 1 == 1 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let count =
+                    (leaf.w[LEAF_COUNT].load(Ordering::Relaxed) as usize).min(UP_LEAF_SLOTS);
+                for i in 0..count {
+                    out.push((
+                        leaf.w[leaf_key(i)].load(Ordering::Relaxed),
+                        PPtr::from_raw(leaf.w[leaf_key(i) + 1].load(Ordering::Relaxed)),
+                    ));
+                }
+                // ORDERING: Acquire fence before re-reading the version (seqlock validation).
+                fence(Ordering::Acquire);
+                if leaf.w[LEAF_VERSION].load(Ordering::Relaxed) == v {
+                    break;
+                }
+                out.truncate(at);
+            }
+        }
+        out
+    }
+
     /// Checks every replica: the same sorted entries, the first key 0, every inner key the
     /// minimum of its child. Returns replica 0's entries.
     pub fn check(&self, pool: &Pool) -> Result<Vec<(u64, PPtr)>> {
@@ -338,5 +375,66 @@ impl Upper {
     fn lookup_in(&self, pool: &Pool, base: PPtr, key: u64) -> PPtr {
         let r = self.replicas.iter().position(|&b| b == base).unwrap_or(0);
         self.lookup(pool, r, key)
+    }
+}
+
+/// What the upper-layer mutex guards: the writers' side of the layer.
+#[derive(Debug, Default)]
+pub(crate) struct Writers {
+    /// Algorithm 3's temporary list (`mutable`): roots whose replica leaf was full.
+    pub temp: Vec<(u64, PPtr)>,
+    /// While a rebuild builds from a snapshot (`Some`): every write to the layer since the
+    /// snapshot, in order, as `(key, root)` = "the entry of `key` names `root`". The swap
+    /// applies them to the built layer, so a root inserted or migrated during the build is
+    /// not lost (the rebuild's temporary list, §IV-C).
+    pub since_snapshot: Option<Vec<(u64, PPtr)>>,
+}
+
+impl Writers {
+    /// Sets the entry of `key` to `root` in `up` (insert, or replace an existing key), or
+    /// appends it to the temporary list when the replicas' leaf is full. Returns whether the
+    /// replicas took it. Logged for a rebuild in flight. The list is not searched: a key
+    /// inserted here is new to it (a new subindex root's `low`, or key 0, which the replicas
+    /// always hold; a migrated root's entry changes through [`Writers::replace`]). Searching
+    /// it cost each insert into a full leaf a walk over up to ~16 000 entries under the mutex.
+    pub fn put(&mut self, up: Option<&Upper>, pool: &Pool, key: u64, root: PPtr) -> bool {
+        if let Some(log) = &mut self.since_snapshot {
+            log.push((key, root));
+        }
+        if up.is_some_and(|u| u.insert(pool, key, root)) {
+            return true;
+        }
+        self.temp.push((key, root));
+        false
+    }
+
+    /// A rebuild's step 3: the logged writes, in order, into the new layer `up` and this
+    /// (new) temporary list. Unlike [`Writers::put`] a key may come twice (a root inserted
+    /// and then migrated during the build), so the list — only what the log put there — is
+    /// searched.
+    pub fn apply(&mut self, up: &Upper, pool: &Pool, log: Vec<(u64, PPtr)>) {
+        for (key, root) in log {
+            if up.insert(pool, key, root) {
+                continue;
+            }
+            match self.temp.iter_mut().find(|e| e.0 == key) {
+                Some(e) => e.1 = root,
+                None => self.temp.push((key, root)),
+            }
+        }
+    }
+
+    /// Points the entry `(key, old)` at `new` (a migrated subindex root) in the replicas and
+    /// the temporary list; logged for a rebuild in flight.
+    pub fn replace(&mut self, up: Option<&Upper>, pool: &Pool, key: u64, old: PPtr, new: PPtr) {
+        if let Some(log) = &mut self.since_snapshot {
+            log.push((key, new));
+        }
+        if let Some(u) = up {
+            u.replace(pool, key, old, new);
+        }
+        for e in self.temp.iter_mut().filter(|e| e.0 == key && e.1 == old) {
+            e.1 = new;
+        }
     }
 }

@@ -199,3 +199,137 @@ fn readers_do_not_wait_for_a_migration() {
     assert_eq!(t.leaf_node_of(k).unwrap(), 1);
     t.check().unwrap();
 }
+
+/// Issue 19: the upper layer is rebuilt from a snapshot without holding the upper-layer mutex
+/// through the build. A rebuild parked after its snapshot (`nobtree.rebuild.snapshot`: the log
+/// of writes started, the entries read, nothing built); meanwhile inserts split subindex roots
+/// (new roots inserted into the old replicas or its temporary list) and subindex roots
+/// migrate (their entries rewritten) — all without waiting for the rebuild. Released, the
+/// rebuild applies the logged writes to the layer it built before the swap: `check()` finds
+/// every top-level node named by the new layer or its temporary list, and no entry naming a
+/// migrated-away root. A rebuild that ignores the log loses them (`check()`: "upper entries").
+#[test]
+fn rebuild_from_a_snapshot_keeps_concurrent_upper_writes() {
+    let sc = Scenario::setup();
+    // Height 1: every leaf is a subindex root, so every split is an upper-layer insert. No
+    // automatic rebuilds: the test's own is the only one.
+    let opts = NobtreeOptions {
+        height: 1,
+        nsm_mode: NsmMode::Node(0),
+        background_rebuild: false,
+        rebuild_threshold: 1e9,
+        ..quiet()
+    };
+    let t = Arc::new(volatile(&opts));
+    let key = |i: u64| i * 7919 % 100_003 + 1; // spread over the key space
+    for i in 0..3000u64 {
+        assert!(t.insert(key(i), vk(key(i))).unwrap());
+    }
+    let before = t.stats();
+    assert!(before.counter("upper_temp_list").unwrap() > 0, "{:?}", before.counters);
+    let parked = sc.pause_thread("nobtree.rebuild.snapshot", "rebuild");
+    let r = {
+        let t = Arc::clone(&t);
+        thread::Builder::new().name("rebuild".into()).spawn(move || t.rebuild_upper()).unwrap()
+    };
+    parked.wait_parked();
+    // Upper-layer writes while the rebuild is parked: they must not wait for it.
+    let t2 = Arc::clone(&t);
+    let (splits, migrated) = finishes("upper writes during a rebuild", 20, move || {
+        let s0 = t2.stats().counter("subindex_splits").unwrap();
+        for i in 3000..6000u64 {
+            assert!(t2.insert(key(i), vk(key(i))).unwrap());
+        }
+        // Root migrations: their upper entries are rewritten.
+        let migrated = (0..6000u64)
+            .step_by(151)
+            .filter(|&i| t2.migrate_node_of(key(i), 0, 1).unwrap())
+            .count();
+        (t2.stats().counter("subindex_splits").unwrap() - s0, migrated)
+    });
+    assert!(splits > 100, "only {splits} subindex splits during the rebuild");
+    assert!(migrated > 5, "only {migrated} root migrations during the rebuild");
+    parked.release();
+    r.join().unwrap().unwrap();
+    assert_eq!(t.stats().counter("upper_rebuilds"), Some(1));
+    let out = check_values_name_keys(&t);
+    assert_eq!(out.len(), 6000);
+    // The migrated roots are on node 1 and reached through the new layer.
+    for i in (0..6000u64).step_by(151) {
+        assert_eq!(t.get(key(i)).unwrap(), Some(vk(key(i))));
+    }
+}
+
+/// Issue 19 (hysteresis; papers/nobtree.txt §III-B2: nodes migrate "to the socket that
+/// accesses them most"): three NUMA nodes, one leaf on node 0, read 6 times from node 2 and
+/// then once from node 1 — the sample that makes it hot comes from node 1, and the leaf goes
+/// to node 2 (it went to the last sampler's node before). The coordinator is parked with the
+/// leaf frozen (`nobtree.migrate.frozen`) while node 2 reads it 20 times more; the copy then
+/// carries those statistics (node 1: 1, node 2: 26): a burst of 8 reads from node 1 — enough
+/// to make a fresh id hot (threshold 7, all remote) — does not move it back; having moved, it
+/// moves again only at a 75% remote majority.
+#[test]
+fn migration_goes_to_the_largest_accessor_and_the_copy_keeps_its_statistics() {
+    use numakv_nobtree::{MigrationOptions, Nobtree};
+    use numakv_pmem::numa::set_current_node;
+    use numakv_pmem::{PersistMode, Pool, SimMode};
+    let sc = Scenario::setup();
+    let d = tempfile::tempdir().unwrap();
+    // Loaded without the coordinator (the loader's samples would count for node 0), then
+    // reopened with it: the loaded nodes are not fresh (no cool-down applies to them anyway).
+    let mut cfg = common::pool_cfg(PersistMode::Adr, SimMode::Direct);
+    cfg.nodes = 3;
+    let load = NobtreeOptions { nsm_mode: NsmMode::Node(0), ..quiet() };
+    let t = Nobtree::create(Pool::create(d.path(), cfg).unwrap(), &load).unwrap();
+    for k in 1..=2000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    t.close().unwrap();
+    let opts = NobtreeOptions {
+        nsm_mode: NsmMode::Node(0),
+        migration: MigrationOptions {
+            sample_every: 1,
+            hot_threshold: 7,
+            cooldown: 0,
+            inner: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (t, _) = common::reopen(d.path(), SimMode::Direct, &opts);
+    let k = 1000;
+    assert_eq!(t.leaf_node_of(k).unwrap(), 0);
+    let read = |node: usize, times: usize| {
+        set_current_node(node);
+        for _ in 0..times {
+            assert_eq!(t.get(k).unwrap(), Some(vk(k)));
+        }
+        set_current_node(0);
+    };
+    let parked = sc.pause("nobtree.migrate.frozen");
+    read(2, 6);
+    read(1, 1);
+    parked.wait_parked();
+    read(2, 20);
+    parked.release();
+    t.drain_migrations();
+    let st = t.stats();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 2, "not the largest accessor: {:?}", st.counters);
+    read(1, 8);
+    t.drain_migrations();
+    let st = t.stats();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 2, "moved back by a burst: {:?}", st.counters);
+    assert_eq!(st.counter("migrations"), Some(1), "{:?}", st.counters);
+    assert_eq!(st.counter("migration_stats_carried"), Some(1), "{:?}", st.counters);
+    // Having moved, it needs a 75% remote majority to move again: node 1 at 49 of 75 (65%)
+    // is not enough, at 109 of 135 (81%) it is.
+    read(1, 40);
+    t.drain_migrations();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 2, "moved back at 65% remote: {:?}", t.stats().counters);
+    read(1, 60);
+    t.drain_migrations();
+    let st = t.stats();
+    assert_eq!(t.leaf_node_of(k).unwrap(), 1, "not moved at 81% remote: {:?}", st.counters);
+    assert_eq!(st.counter("migrations_queued_again"), Some(1), "{:?}", st.counters);
+    t.check().unwrap();
+}
