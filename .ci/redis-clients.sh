@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail() { echo "redis-clients: FAIL: $*" >&2; exit 1; }
-for tool in redis-cli redis-benchmark nutcracker; do
-    command -v "$tool" >/dev/null || fail "$tool is not installed (apt-get install redis-tools nutcracker)"
+for tool in redis-cli redis-benchmark redis-server nutcracker; do
+    command -v "$tool" >/dev/null || fail "$tool is not installed (apt-get install redis-tools redis-server nutcracker)"
 done
 
 cargo build --release -q -p numakv-cli --bin numakv
@@ -150,4 +150,21 @@ for p in "${ports[@]}"; do
 done
 [ "$(wc -l <"$work/found")" -eq "$m" ] || fail "keys found $(wc -l <"$work/found") times on the backends, want $m"
 [ "$(sort -u "$work/found" | wc -l)" -eq "$m" ] || fail "a key is on more than one backend"
+echo "== numakv repro redis: a small run against redis-server and numakv serve (fastfair)"
+"$NUMAKV" repro redis --requests 3000 --clients 4 --engines fastfair --threads 1 \
+    --out "$work/repro" -q >"$work/repro.md" || { cat "$work/repro.md"; fail "numakv repro redis exited $?"; }
+cat "$work/repro.md"
+grep -q -- "-n 3000 -c 4 -d 16 -P 16" "$work/repro.md" || fail "repro redis: the run's parameters are missing"
+grep -q '^| redis-server |.*| 1.00x |' "$work/repro.md" || fail "repro redis: no redis-server baseline row"
+row=$(grep '^| numakv-fastfair |' "$work/repro.md") || fail "repro redis: no numakv-fastfair row"
+case $row in *failed*) fail "repro redis: numakv-fastfair failed";; esac
+[ "$(grep -o 'x |' <<<"$row" | wc -l)" -eq 2 ] || fail "repro redis: numakv-fastfair row lacks its ratios: $row"
+cmp -s "$work/repro.md" "$work/repro/redis.md" || fail "repro redis: redis.md differs from what it printed"
+python3 - "$work/repro/redis.json" <<'PY' || fail "repro redis: redis.json"
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+assert len(runs) == 4, runs
+assert all(r["throughput_mops"] > 0 for r in runs), runs
+PY
+
 echo "redis-clients: all checks passed"

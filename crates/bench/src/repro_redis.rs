@@ -517,7 +517,7 @@ fn markdown(opts: &ReproOptions, report: &Report, threads: usize, cpus: usize) -
     let keys = match o.keyspace {
         Some(r) => format!(
             "-r {r}: random keys `key:%012d` out of {r} (they all share their first 8 bytes, \
-             `key:0000`, i.e. one byte-layer bucket)"
+             `key:0000`, i.e. one prefix tree of the byte layer)"
         ),
         None => "no -r: every request uses the one key `key:__rand_int__`".into(),
     };

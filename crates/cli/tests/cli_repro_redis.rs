@@ -57,51 +57,6 @@ fn bad_flags_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
-#[test]
-fn a_small_run_fills_the_table() {
-    use numakv_bench::repro_redis::find_tool;
-    if find_tool("redis-server").is_none() || find_tool("redis-benchmark").is_none() {
-        // The tools are an outside dependency (CI installs them); the errors above are tested.
-        eprintln!("skipped: redis-server or redis-benchmark not installed");
-        return;
-    }
-    let cwd = tempfile::tempdir().unwrap();
-    let res = cwd.path().join("res");
-    let out = numakv(
-        &[
-            "repro",
-            "redis",
-            "--requests",
-            "3000",
-            "--clients",
-            "4",
-            "--engines",
-            "fastfair",
-            "--threads",
-            "1",
-            "--out",
-            res.to_str().unwrap(),
-            "-q",
-        ],
-        None,
-        cwd.path(),
-    );
-    let md = text(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
-    assert!(md.contains("-n 3000 -c 4 -d 16 -P 16"), "{md}");
-    let row = |name: &str| {
-        md.lines()
-            .find(|l| l.starts_with(&format!("| {name} |")))
-            .unwrap_or_else(|| panic!("no {name} row: {md}"))
-            .to_owned()
-    };
-    assert!(row("redis-server").contains("| 1.00x |"), "{md}");
-    let ff = row("numakv-fastfair");
-    assert!(!ff.contains("failed") && ff.matches('x').count() == 2, "{ff}");
-    assert!(std::fs::read_to_string(res.join("redis.md")).unwrap() == md);
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(res.join("redis.json")).unwrap()).unwrap();
-    let runs = json["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4, "{json}");
-    assert!(runs.iter().all(|r| r["throughput_mops"].as_f64().unwrap() > 0.0), "{json}");
-}
+// A real run (redis-server and numakv serve under redis-benchmark) needs Debian's tools, which
+// `cargo test` cannot assume: `.ci/redis-clients.sh` (run by `.ci/run`, which installs them)
+// does it and fails when a tool is missing.
