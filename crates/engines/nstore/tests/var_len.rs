@@ -244,7 +244,29 @@ fn power_failure_during_variable_length_writes_and_gc() {
                 None => model.remove(k),
             };
         }
-        assert_eq!(got, model, "{ctx}");
+        if got != model {
+            let mut diff = Vec::new();
+            for (k, v) in &model {
+                match got.get(k) {
+                    None => diff.push(format!("{k:?}: lost (want {} B)", v.len())),
+                    Some(g) if g != v => {
+                        diff.push(format!("{k:?}: holds {} B, want {} B", g.len(), v.len()))
+                    }
+                    Some(_) => {}
+                }
+            }
+            for (k, g) in &got {
+                if !model.contains_key(k) {
+                    diff.push(format!("{k:?}: came back ({} B)", g.len()));
+                }
+            }
+            panic!(
+                "{ctx}: {} of {} keys differ (in flight: {:?}): {diff:?}",
+                diff.len(),
+                model.len(),
+                in_flight.as_ref().map(|(k, op)| (k, op.as_ref().map(Vec::len)))
+            );
+        }
         verify(&s, &model, n, &ctx);
         s.collect_garbage().unwrap();
         verify(&s, &model, n, &format!("{ctx}, GC again"));
