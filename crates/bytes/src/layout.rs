@@ -1,13 +1,14 @@
 //! Persistent layout of the byte-string layer: its root slot, the index key of a byte key, and the
-//! out-of-line records (buckets) the index values point to. docs/design.md, "Byte-string layer".
+//! nodes of each prefix's tree (leaves, i.e. bucket records, and inner nodes) that the index
+//! values point to. docs/design.md, "Byte-string layer".
 //!
 //! **Index key**: the first 8 bytes of the key, zero-padded, read big-endian, clamped into
 //! `MIN_KEY..=MAX_KEY` ([`index_key`]). The map is monotone (never decreasing) in memcmp order,
-//! so buckets ascend with the index and a scan of the index visits keys in order. Keys that
+//! so prefixes ascend with the index and a scan of the index visits keys in order. Keys that
 //! share an index key (a common 8-byte prefix, a short key and its zero-extensions, the clamped
-//! extremes) share one bucket.
+//! extremes) share one prefix, i.e. one tree.
 //!
-//! **Bucket record** (one NSM block, owner [`OWNER_BYTES`], immutable once published):
+//! **Leaf** (bucket record; one NSM block, owner [`OWNER_BYTES`], immutable once published):
 //!
 //! ```text
 //! offset  size  field
@@ -18,13 +19,25 @@
 //!                 u16 klen (1..=1024), u32 vlen (0..=1 MiB), klen key bytes, vlen value bytes
 //! ```
 //!
-//! Every key of a bucket maps to the index key under which the bucket is linked. A bucket is
-//! written whole and persisted before the index points at it, and never written again: a change
-//! writes a new bucket (copy-on-write), relinks the index key, and retires the old one.
+//! **Inner node** (one NSM block; immutable once published except its child slots):
+//!
+//! ```text
+//! offset          size     field
+//!      0             4     magic  INNER_MAGIC ("NKI1")
+//!      4             4     count  children, ≥ 1
+//!      8             8     len    bytes of the node
+//!     16     8 * count     child slots (PPtr, 8-byte aligned atomics)
+//!   16+8c    4 * count     separator end offsets from the node's start (separator 0 empty)
+//!  16+12c            …     separators 1..count: separator i is the least key of child i
+//! ```
+//!
+//! Every key of a tree maps to the index key under which the tree is linked. A node is written
+//! whole and persisted before anything points at it.
+
+use std::sync::atomic::Ordering;
 
 use numakv_index::{Error, Result, MAX_KEY, MIN_KEY};
 use numakv_pmem::heap::OWNER_ENGINE;
-use std::sync::atomic::Ordering;
 
 use numakv_pmem::{account, PPtr, PmU64, Pool};
 

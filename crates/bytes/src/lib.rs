@@ -1,19 +1,28 @@
 //! Byte-string keys and values, ordered by memcmp, over any numakv engine.
 //!
 //! [`Bytes<E>`] is a layer generic over [`Index`] (as Nap is): the engine maps an order-preserving
-//! 8-byte prefix of each key ([`layout::index_key`]) to a persistent pointer to an out-of-line,
-//! copy-on-write PM record (a *bucket*) that holds every full key and value sharing that prefix,
-//! sorted. So every engine — FAST&FAIR, NBTree, NOBtree, F3-tree, NStore, Nap over each — gets
-//! byte keys (1 B ..= 1 KiB) and values (0 B ..= 1 MiB) without engine-specific code.
+//! 8-byte prefix of each key ([`layout::index_key`]) to a persistent pointer to the root of a
+//! small copy-on-write B+-tree of PM nodes (module `tree`) holding every full key and value that share
+//! that prefix, sorted. A prefix with few keys is one leaf (a bucket record); a leaf that outgrows
+//! [`TreeLimits`] splits. So every engine — FAST&FAIR, NBTree, NOBtree, F3-tree, NStore, Nap over
+//! each — gets byte keys (1 B ..= 1 KiB) and values (0 B ..= 1 MiB) without engine-specific code,
+//! and keys that share long prefixes (`key:000000012345`) do not pile into one record.
 //!
-//! - **Writers** of one prefix are serialised by a striped lock ([`ops`]); they build the new
-//!   bucket in a fresh NSM block, persist it, relink the prefix in the engine, then retire the
-//!   old bucket through an epoch grace period.
-//! - **Readers** take no lock: pinned in the epoch, they read the pointer from the engine and the
-//!   bucket in place.
-//! - **Scans** ([`Scan`]) walk the engine's scan in batches and yield pairs lazily.
-//! - **Recovery** ([`recovery`]): the engine recovers, then the layer walks it and returns every
-//!   bucket no prefix reaches to the allocator — a crash leaks nothing.
+//! - **Writers** ([`ops`]) build new nodes in fresh NSM blocks, persist them, and publish with
+//!   one 8-byte store — a child slot, or the engine's write of the prefix — then retire what they
+//!   replaced through an epoch grace period. A rewrite of one leaf inside a tree holds the
+//!   prefix's striped lock shared plus the leaf's slot lock; everything else holds it
+//!   exclusively.
+//! - **Readers** take no lock: pinned in the epoch, they read the root from the engine and
+//!   descend in place.
+//! - **Scans** ([`Scan`]) walk the engine's scan in batches and each tree in order, lazily,
+//!   resuming inside a large tree after its last key.
+//! - **Recovery** ([`recovery`]): the engine recovers, then the layer walks it and every tree and
+//!   returns every node nothing reaches to the allocator — a crash leaks nothing.
+//! - **Pause points** (feature `failpoints` of numakv-pmem, for tests): `bytes.walk.leaf_done` —
+//!   a scan has taken a leaf's pairs and is about to move to the next child;
+//!   `bytes.write.leaf_built` — a leaf writer inside a tree has built its new leaf, not yet
+//!   published.
 //!
 //! PM format and the crash argument: docs/design.md, "Byte-string layer".
 //!

@@ -1,20 +1,18 @@
-//! Point operations: lock-free reads, and writes serialised per index key by striped locks.
+//! Point operations: lock-free reads, and writes that build new nodes, persist them and
+//! publish with one 8-byte store (docs/design.md, "Byte-string layer", Operations).
 //!
 //! A write of key `k` with index key `x = index_key(k)`:
-//! 1. takes the stripe lock of `x` (writers of one bucket run one at a time; the lock also
-//!    keeps the old bucket from being retired under the writer);
-//! 2. reads the current bucket pointer of `x` from the engine and decides (insert-if-absent,
-//!    update-if-present, delete-if-present);
-//! 3. allocates a fresh block, writes the merged entries and persists it ([`write_record`]);
-//! 4. relinks `x` in the engine (`upsert`; `remove` when the bucket became empty) — the
-//!    linearization point, durable when the engine returns;
-//! 5. retires the old bucket: it is freed once every reader pinned now has unpinned.
+//! - inside a tree, when the leaf stays one leaf: the stripe lock of `x` shared, the leaf's slot
+//!   lock, a new leaf, a persisted in-place store into the slot ([`Bytes::write`]'s shared path);
+//! - otherwise the stripe lock of `x` exclusively: the root through the engine's
+//!   [`Index::update_with`] (a root leaf that stays one leaf is replaced inside it, one descent),
+//!   or a descent that remembers the path; a split or a removal copies the path up to the first
+//!   node that keeps its shape (and a removal the neighbour's edge whose range grows), then
+//!   publishes with one slot store or the engine's `upsert`/`remove`;
+//! - then retires what it replaced: freed once every reader pinned now has unpinned.
 //!
-//! The writer is not pinned while the engine writes (an engine may wait for a grace period
-//! inside its write; see [`Bytes::write`]).
-//!
-//! A read pins the epoch, reads the pointer of `x` from the engine and searches the bucket in
-//! place; the pin keeps a bucket that a writer retires meanwhile from being freed under it.
+//! A read pins the epoch, reads the root of `x` from the engine and descends in place; the pin
+//! keeps nodes that a writer retires meanwhile from being freed under it.
 
 use numakv_index::{Error, Index, Result};
 use numakv_pmem::alloc::{epoch, retire, PmAllocator};
@@ -216,7 +214,7 @@ impl<E: Index> Bytes<E> {
         // order. Sized first, without a DRAM copy of the entries.
         let mut len = HEADER_BYTES;
         let mut count = 0usize;
-        merged(leaf.as_ref(), key, value, &mut |k, v| {
+        tree::merged(leaf.as_ref(), key, value, &mut |k, v| {
             len += entry_bytes(k, v);
             count += 1;
         })?;
@@ -226,7 +224,7 @@ impl<E: Index> Bytes<E> {
             // SAFETY: `p` was just allocated and is not published yet.
             let built = unsafe {
                 write_record(&self.pool, p, len, count as u32, |emit| {
-                    merged(leaf.as_ref(), key, value, emit)
+                    tree::merged(leaf.as_ref(), key, value, &mut |k, v| emit(k, v))
                 })
             };
             // ORDERING/PERSIST: the leaf is durable (write_record persisted it) before the slot
@@ -364,7 +362,7 @@ impl<E: Index> Bytes<E> {
         }
         let mut len = HEADER_BYTES;
         let mut count = 0usize;
-        merged(Some(leaf), key, value, &mut |k, v| {
+        tree::merged(Some(leaf), key, value, &mut |k, v| {
             len += entry_bytes(k, v);
             count += 1;
         })?;
@@ -375,7 +373,7 @@ impl<E: Index> Bytes<E> {
         // SAFETY: `p` was just allocated and is not published yet.
         let built = unsafe {
             write_record(&self.pool, p, len, count as u32, |emit| {
-                merged(Some(leaf), key, value, emit)
+                tree::merged(Some(leaf), key, value, &mut |k, v| emit(k, v))
             })
         };
         if let Err(e) = built {
@@ -607,35 +605,4 @@ impl Drop for Fresh<'_> {
         // An early `?` return between allocation and the link leaves blocks here: unpublished.
         self.free_all();
     }
-}
-
-/// Emits the entries of `rec` with `key` set to `value` (or removed when `None`), ascending.
-fn merged(
-    rec: Option<&Record<'_>>,
-    key: &[u8],
-    value: Option<&[u8]>,
-    emit: &mut dyn FnMut(&[u8], &[u8]),
-) -> Result<()> {
-    let mut placed = false;
-    if let Some(r) = rec {
-        for e in r.entries() {
-            let (k, v) = e?;
-            if !placed && k >= key {
-                placed = true;
-                if let Some(nv) = value {
-                    emit(key, nv);
-                }
-                if k == key {
-                    continue;
-                }
-            }
-            emit(k, v);
-        }
-    }
-    if !placed {
-        if let Some(nv) = value {
-            emit(key, nv);
-        }
-    }
-    Ok(())
 }

@@ -328,13 +328,13 @@ pub(crate) fn inner_pieces(
     )
 }
 
-/// Entries of `rec` with `key` set to `value` (or removed when `None`), ascending, borrowed.
-pub(crate) fn merged_entries<'a>(
+/// Emits the entries of `rec` with `key` set to `value` (or removed when `None`), ascending.
+pub(crate) fn merged<'a>(
     rec: Option<&Record<'a>>,
     key: &'a [u8],
     value: Option<&'a [u8]>,
-) -> Result<Vec<(&'a [u8], &'a [u8])>> {
-    let mut out = Vec::with_capacity(rec.map_or(0, |r| r.count() as usize) + 1);
+    emit: &mut dyn FnMut(&'a [u8], &'a [u8]),
+) -> Result<()> {
     let mut placed = false;
     if let Some(r) = rec {
         for e in r.entries() {
@@ -342,20 +342,31 @@ pub(crate) fn merged_entries<'a>(
             if !placed && k >= key {
                 placed = true;
                 if let Some(nv) = value {
-                    out.push((key, nv));
+                    emit(key, nv);
                 }
                 if k == key {
                     continue;
                 }
             }
-            out.push((k, v));
+            emit(k, v);
         }
     }
     if !placed {
         if let Some(nv) = value {
-            out.push((key, nv));
+            emit(key, nv);
         }
     }
+    Ok(())
+}
+
+/// [`merged`] collected: the entries borrowed, for splitting them into leaves.
+pub(crate) fn merged_entries<'a>(
+    rec: Option<&Record<'a>>,
+    key: &'a [u8],
+    value: Option<&'a [u8]>,
+) -> Result<Vec<(&'a [u8], &'a [u8])>> {
+    let mut out = Vec::with_capacity(rec.map_or(0, |r| r.count() as usize) + 1);
+    merged(rec, key, value, &mut |k, v| out.push((k, v)))?;
     Ok(out)
 }
 

@@ -32,6 +32,12 @@ fn child_server() {
             pause.wait_parked();
             println!("PARKED");
             std::io::stdout().flush().unwrap();
+            // Keep `pause` alive until the SIGKILL: dropping it would release the MSET, which
+            // then raced the kill and, on a loaded machine, put the rest of its pairs (k2
+            // present: seen in a full workspace run).
+            loop {
+                std::thread::park();
+            }
         });
     }
     let opts = Options::default().capacity_per_node(64 << 20);
