@@ -14,8 +14,9 @@
 //!
 //! Then the file is unlinked from the file table and queued; its pages are freed once every
 //! reader that might hold an address in it has unpinned its epoch, and only after every file
-//! queued before it (a FIFO: durable frees follow retire order by construction). `close()`
-//! frees the whole queue before it writes the snapshot.
+//! queued before it (a FIFO: durable frees follow retire order by construction). A free first
+//! invalidates the file's header durably, so pages handed out again never revive it
+//! (`nlog::free_file_extent`). `close()` frees the whole queue before it writes the snapshot.
 //!
 //! **Why this never resurrects a key** (docs/design.md, "NStore", GC): recovery keeps a key's
 //! highest-version valid entry. An entry disappears only when its file is freed, after step 1
