@@ -14,8 +14,9 @@
 //!
 //! Then the file is unlinked from the file table and queued; its pages are freed once every
 //! reader that might hold an address in it has unpinned its epoch, and only after every file
-//! queued before it (a FIFO: durable frees follow retire order by construction). `close()`
-//! frees the whole queue before it writes the snapshot.
+//! queued before it (a FIFO: durable frees follow retire order by construction). A free first
+//! invalidates the file's header durably, so pages handed out again never revive it
+//! (`nlog::free_file_extent`). `close()` frees the whole queue before it writes the snapshot.
 //!
 //! **Why this never resurrects a key** (docs/design.md, "NStore", GC): recovery keeps a key's
 //! highest-version valid entry. An entry disappears only when its file is freed, after step 1
@@ -316,7 +317,10 @@ pub(crate) fn free_all_retired(inner: &Inner) -> Result<()> {
 /// queued, and so do those behind it — recovery finds them all and a later GC reclaims them.
 fn free_front(inner: &Inner, q: &mut VecDeque<Retired>) -> bool {
     let Some(r) = q.front() else { return true };
-    if inner.pool.free_pages(r.base).is_err() {
+    // The header is invalidated durably before the free (`free_file_extent`): a crash after the
+    // invalidation and before the free leaves an extent that recovery frees as an orphan — the
+    // same outcome as the free, which is what the retire order (above) is about.
+    if crate::nlog::free_file_extent(&inner.pool, r.base).is_err() {
         return false;
     }
     q.pop_front();

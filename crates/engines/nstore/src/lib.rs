@@ -28,6 +28,9 @@
 //!   has not read it yet.
 //! - `nstore.gc.rewritten` (fail): a GC reclaim just rewrote a live entry and pointed the index at
 //!   the copy; failing stops the reclaim as if the next rewrite found no space.
+//! - `nstore.new_file.allocated` (pause): a new log file's extent is allocated (durably) and its
+//!   header is not written yet — the window in which a power failure leaves an extent whose
+//!   header is whatever its pages held before.
 //!
 //! ```
 //! use numakv_index::{Engine, Index};

@@ -45,6 +45,23 @@ pub(crate) fn first_pages(page_size: u64, file_pages: u32) -> u32 {
     (FIRST_FILE_BYTES.div_ceil(page_size).max(1) as u32).min(file_pages)
 }
 
+/// Frees the extent of a log file at `base` — a file GC retired, an orphan found at open, an
+/// extent whose header was never written — after durably invalidating its header: the page heap
+/// hands freed pages out again as they are, and a new file whose allocation is durable but whose
+/// header is not yet (power failure in [`Nlog::new_file`]) would otherwise carry this file's old
+/// header, which validates, and recovery would revive every entry of the freed file — among
+/// them entries that GC dropped unmarked because a newer entry (a delete, freed too) superseded
+/// them (docs/design.md, "NStore", GC).
+pub(crate) fn free_file_extent(pool: &Pool, base: PPtr) -> Result<()> {
+    let h: &FileHeader = pool.get(base)?;
+    h.magic.store(0, Ordering::Release);
+    // PERSIST: no header of this file can validate once its pages are free (and so can be part
+    // of a new file whose own header is not durable yet).
+    pool.persist_obj(&h.magic);
+    pool.free_pages(base)?;
+    Ok(())
+}
+
 /// The GC reserve of a node in pages: what a put may not allocate into (see [`Need`]). One
 /// reclaim rewrites at most the live entries of one file (at most `file_pages`) into its
 /// cluster's active file, which may need one new file of at most `file_pages`: twice that for
@@ -419,11 +436,12 @@ impl Nlog {
         let id = match Self::next_id(&self.pool, &mut ids, node) {
             Ok(id) => id,
             Err(e) => {
-                let _ = self.pool.free_pages(base);
+                let _ = free_file_extent(&self.pool, base);
                 return Err(e);
             }
         };
         drop(ids);
+        numakv_pmem::pause_point!("nstore.new_file.allocated");
         let info =
             FileInfo { id, node, cluster, size: u64::from(pages) * self.pool.page_size(), var };
         let h: &FileHeader = self.pool.get(base)?;

@@ -103,9 +103,11 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, Rec
                             found.push((i, x.ptr))
                         }
                         // Allocated, but the header never became durable (crash in
-                        // Nlog::new_file): no entry can be valid in it.
+                        // Nlog::new_file): no entry can be valid in it. (Its pages may hold the
+                        // header of a file freed before; it does not validate, since every free
+                        // invalidates the header first, and this free does so too.)
                         _ => {
-                            pool.free_pages(x.ptr)?;
+                            crate::nlog::free_file_extent(&pool, x.ptr)?;
                             orphans += 1;
                         }
                     }

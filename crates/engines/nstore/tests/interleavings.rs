@@ -87,3 +87,86 @@ fn get_bytes_finding_its_entry_marked_by_gc_reads_the_index_again() {
     assert_eq!(s.get_bytes(&k).unwrap(), Some(v2));
     s.check().unwrap();
 }
+
+/// File A holds `ins k`, file B `del k`. GC reclaims A (dropping the superseded `ins k`
+/// unmarked), then B (whose history walk stops at A, gone), and frees both in that order. The
+/// next new file takes A's pages (lowest first fit, same one-page size), and the power fails
+/// after its allocation and before its header: the extent then holds A's old header. That
+/// header must not validate at open — else A, with `ins k`, comes back and so does `k`.
+#[test]
+fn a_stale_header_in_a_reallocated_extent_does_not_revive_a_freed_file() {
+    let o = numakv_nstore::NStoreOptions {
+        clusters: 1,
+        log_file_size: 4096, // one page: every file has the same size
+        gc_threads_per_node: 0,
+        ..common::opts()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let s = common::create(&path, PersistMode::Adr, SimMode::Shadow, &o);
+    let pool = s.pool().clone();
+    let log_extents = || -> Vec<(numakv_pmem::PPtr, u64)> {
+        let mut v: Vec<_> = pool
+            .extents(0)
+            .unwrap()
+            .into_iter()
+            .filter(|x| x.owner == numakv_pmem::heap::OWNER_ENGINE && x.aux == 1)
+            .map(|x| (x.ptr, x.pages))
+            .collect();
+        v.sort_by_key(|x| x.0.offset());
+        v
+    };
+    numakv_numa::set_current_node(0);
+    let created = || s.stats().counter("files_created").unwrap_or(0);
+    let k = b"the deleted key".to_vec();
+    s.put_bytes(&k, &[7; 100]).unwrap();
+    let a = log_extents();
+    assert_eq!(a.len(), 1, "k's insert is in file A");
+    let a = a[0];
+    // Fillers until A is full (sealed); then delete them all and k: A is all garbage, B holds
+    // the deletes.
+    let mut fillers = Vec::new();
+    while created() < 2 {
+        let f = format!("filler {}", fillers.len()).into_bytes();
+        s.put_bytes(&f, &[1; 100]).unwrap();
+        fillers.push(f);
+    }
+    s.delete_bytes(&k).unwrap();
+    for f in &fillers {
+        s.delete_bytes(f).unwrap();
+    }
+    // More garbage until B is sealed too.
+    let mut j = 0u32;
+    while created() < 3 {
+        j += 1;
+        let g = format!("garbage {j}");
+        s.put_bytes(g.as_bytes(), &[0; 100]).unwrap();
+        s.delete_bytes(g.as_bytes()).unwrap();
+    }
+    assert!(s.gc_quiesce(std::time::Duration::from_secs(20)).unwrap(), "GC settles");
+    assert!(s.stats().counter("gc_files_reclaimed").unwrap_or(0) >= 2, "A and B reclaimed");
+    assert!(!log_extents().contains(&a), "A's extent is freed");
+    let sc = Scenario::setup();
+    let crash = {
+        let pool = pool.clone();
+        sc.call("nstore.new_file.allocated", move || {
+            pool.crash(CrashOptions::STRICT).unwrap();
+        })
+    };
+    // The first u64 write needs the first fixed file of (node 0, cluster 0): one page.
+    s.upsert(1, 1).unwrap();
+    assert_eq!(crash.hits(), 1);
+    assert!(log_extents().contains(&a), "the new file took A's pages");
+    drop(crash); // its callback holds the pool
+    drop(sc);
+    drop(s);
+    drop(pool);
+    let (s, _, c) = common::open(&path, SimMode::Shadow, &o);
+    assert_eq!(s.get_bytes(&k).unwrap(), None, "a deleted key came back after a crash: {c:?}");
+    for f in &fillers {
+        assert_eq!(s.get_bytes(f).unwrap(), None, "filler {f:?} came back: {c:?}");
+    }
+    assert_eq!(s.get(1).unwrap(), None, "the interrupted write never became durable");
+    assert_eq!(common::counter(&c, "orphan_extents_freed"), 1, "{c:?}");
+    s.check().unwrap();
+}
