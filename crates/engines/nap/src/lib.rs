@@ -18,6 +18,10 @@
 //!
 //! Formats, the switch protocol and the crash states: docs/design.md, section "Nap".
 //!
+//! Pause points (docs/design.md §12; `tests/interleavings.rs`): `nap.write.raw_routed` — a
+//! write's snapshot routed its key to the raw index, the raw write has not started (a switch's
+//! first grace period waits for it).
+//!
 //! ```
 //! use numakv_fastfair::FastFair;
 //! use numakv_index::{Engine, Index};

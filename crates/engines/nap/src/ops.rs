@@ -94,9 +94,13 @@ impl<I: Inner> Shared<I> {
                 if st.resolved {
                     return Ok(st.value);
                 }
-                if snap.pre.is_some() {
-                    // The previous NAL may still change (before the first grace period) or be
-                    // flushed: read through, do not cache.
+                // ORDERING: Acquire pairs with the Release that marks the NAL writable after
+                // the switch's first grace period.
+                if snap.pre.is_some() || !cur.writable.load(Ordering::Acquire) {
+                    // The previous NAL may still change or be flushed, or (before the first
+                    // grace period, also when there is no previous NAL) a writer whose snapshot
+                    // predates this NAL may still write the key to the raw index: read through,
+                    // do not cache. (Caching here lost such a write: `tests/interleavings.rs`.)
                     return self.read_lazy(&snap, key);
                 }
                 // Switch finished: nobody writes this key to the raw index any more, so its
@@ -153,6 +157,9 @@ impl<I: Inner> Shared<I> {
                 return Ok(Route::WaitPre(pre));
             }
         }
+        // This operation's snapshot routes the key to the raw index; a switch that installs a
+        // NAL over the key now waits (its first grace period) for this write to finish.
+        numakv_pmem::pause_point!("nap.write.raw_routed");
         w.on_raw(&self.raw, key).map(Route::Done)
     }
 
