@@ -115,6 +115,11 @@ pub(crate) fn stats<E: Index>(b: &Bytes<E>) -> EngineStats {
 /// keys ascending, each key valid and mapping to the index key the bucket is linked under;
 /// then the leak invariant over the layer's blocks.
 pub(crate) fn check<E: Index>(b: &Bytes<E>) -> Result<CheckReport> {
+    check_settling(b, Duration::from_secs(10))
+}
+
+/// [`check`], giving deferred frees `settle` to run before a surplus is a leak.
+fn check_settling<E: Index>(b: &Bytes<E>, settle: Duration) -> Result<CheckReport> {
     let raw = b.index.check()?;
     let roots = walk(&b.index)?;
     let mut entries = 0u64;
@@ -142,13 +147,65 @@ pub(crate) fn check<E: Index>(b: &Bytes<E>) -> Result<CheckReport> {
     // grace period needs every pinned thread of the process to move on (an engine's background
     // thread, another test's): 1 s was too short on a loaded machine ("leak: 895 PM blocks
     // reachable, 1407 allocated", 512 = 8 bags of deferred frees). A real leak still shows.
-    let allocated =
-        numakv_pmem::alloc::settle_deferred_frees(want, Duration::from_secs(10), || {
-            b.nsm.allocated_blocks().len() as u64
-        });
+    let allocated = numakv_pmem::alloc::settle_deferred_frees(want, settle, || {
+        b.nsm.allocated_blocks().len() as u64
+    });
+    if allocated != want {
+        // Name the layer and the blocks: the caller's leak check sees only the sums of the
+        // engine's and the layer's counts.
+        let mut linked = Vec::with_capacity(want as usize);
+        for &(_, p) in &roots {
+            // SAFETY: as for check_tree above.
+            unsafe { tree::collect_nodes(&b.pool, p, &mut linked)? };
+        }
+        let linked: std::collections::HashSet<PPtr> = linked.into_iter().collect();
+        let allocated = b.nsm.allocated_blocks();
+        let orphans: Vec<PPtr> =
+            allocated.iter().copied().filter(|p| !linked.contains(p)).collect();
+        let missing = linked.iter().filter(|p| allocated.binary_search(p).is_err()).count();
+        return Err(Error::corrupted(
+            LAYER,
+            format!(
+                "leak: {} nodes linked, {} blocks allocated after {settle:?} for deferred frees: \
+                 {} allocated but linked nowhere (first: {:?}), {missing} linked but not allocated",
+                linked.len(),
+                allocated.len(),
+                orphans.len(),
+                &orphans[..orphans.len().min(8)],
+            ),
+        ));
+    }
     Ok(CheckReport {
         entries,
         reachable_blocks: raw.reachable_blocks + want,
         allocated_blocks: raw.allocated_blocks + allocated,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use numakv_fastfair::FastFair;
+    use numakv_pmem::alloc::PmAllocator;
+    use numakv_pmem::PoolConfig;
+
+    use super::*;
+
+    #[test]
+    fn check_names_a_block_no_tree_links() {
+        let pool = Pool::volatile(PoolConfig::new(crate::engine_id::<FastFair>(), 16 << 20))
+            .expect("pool");
+        let b = create::<FastFair>(pool, &Default::default()).expect("create");
+        for i in 0..40 {
+            crate::ByteMap::put(&b, format!("key:{i:04}").as_bytes(), b"v").expect("put");
+        }
+        let clean = check_settling(&b, Duration::from_secs(10)).expect("check");
+        assert_eq!(clean.reachable_blocks, clean.allocated_blocks);
+        let orphan = b.nsm.alloc(100).expect("alloc");
+        let err = check_settling(&b, Duration::from_millis(50)).expect_err("a leak");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("1 allocated but linked nowhere") && msg.contains(&orphan.to_string()),
+            "{msg}"
+        );
+    }
 }

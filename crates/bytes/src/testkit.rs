@@ -780,7 +780,8 @@ fn leak_free(b: &dyn ByteMap) -> Verdict {
     let r = b.check().or_else(|e| fail("check()", e))?;
     ensure!(
         r.reachable_blocks == r.allocated_blocks,
-        "leak: {} PM blocks reachable, {} allocated",
+        "leak: {} PM blocks reachable, {} allocated (the layer's own blocks balance: its \
+         check names them otherwise; so the surplus is the engine's)",
         r.reachable_blocks,
         r.allocated_blocks
     );
