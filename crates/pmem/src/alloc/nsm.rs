@@ -306,6 +306,9 @@ pub struct Nsm {
     /// Bytes of small blocks allocated before this session: those found reachable at recovery,
     /// or, while a deferred collection is pending, every block of the frozen pages.
     recovered_small_bytes: AtomicU64,
+    /// Bytes of small blocks freed by threads without a cache slot (straight to a depot): no
+    /// cache's `small_bytes` went down for them.
+    uncached_freed_bytes: AtomicU64,
     /// The pending deferred collection, `None` once swept (or when recovery was not deferred).
     /// Lock order: before the thread caches and the depots.
     deferred: Mutex<Option<Deferred>>,
@@ -458,6 +461,7 @@ impl Nsm {
             large: Mutex::new(HashMap::new()),
             rr_next: CachePadded::new(AtomicUsize::new(0)),
             recovered_small_bytes: AtomicU64::new(0),
+            uncached_freed_bytes: AtomicU64::new(0),
             deferred: Mutex::new(None),
             deferred_pending: AtomicBool::new(false),
         })
@@ -721,7 +725,24 @@ impl Nsm {
         match block {
             Block::Small { class, .. } => {
                 let node = p.node();
-                let mut cache = self.cache()?;
+                let mut cache = match self.cache() {
+                    Ok(cache) => cache,
+                    Err(e) => {
+                        // A thread without a cache slot: above all a deferred free that
+                        // crossbeam runs on a thread whose thread-locals are being torn down
+                        // (its exit pushes its epoch bag and may collect expired ones), or a
+                        // thread past MAX_THREADS. Failing here leaked the block until the next
+                        // recovery (seen as whole epoch bags, 64 blocks, left allocated). It
+                        // goes to the shared depot of its node and class instead.
+                        let Some(depot) = self.depots.get(node).and_then(|d| d.get(class)) else {
+                            return Err(e);
+                        };
+                        depot.lock().push(p);
+                        // ORDERING: Relaxed; a statistic.
+                        self.uncached_freed_bytes.fetch_add(self.classes[class], Ordering::Relaxed);
+                        return Ok(());
+                    }
+                };
                 cache.small_bytes -= self.classes[class] as i64;
                 let list = &mut cache.slabs[node].free[class];
                 list.push(p);
@@ -902,7 +923,9 @@ impl Nsm {
         let small: i64 = self.caches.iter().map(|c| c.lock().small_bytes).sum();
         // ORDERING: Relaxed; a statistic, read without synchronising with the sweep.
         let recovered = self.recovered_small_bytes.load(Ordering::Relaxed);
-        let small = (recovered as i64).saturating_add(small).max(0) as u64;
+        let uncached = self.uncached_freed_bytes.load(Ordering::Relaxed);
+        let small =
+            (recovered as i64).saturating_add(small).saturating_sub(uncached as i64).max(0) as u64;
         let large: u64 = self.large.lock().values().map(|&pages| pages * self.page_size).sum();
         stats.allocated_bytes = small + large + frozen_large * self.page_size;
         stats
@@ -1239,6 +1262,44 @@ mod tests {
         cfg.nodes = 2;
         cfg.page_size = page_size;
         Pool::volatile(cfg).unwrap()
+    }
+
+    /// A deferred free can run on a thread whose thread-locals are being torn down (crossbeam
+    /// collects expired bags while the exiting thread pushes its own): the thread has no id and
+    /// so no cache any more. The block must still come back (before: `free` failed and the
+    /// block stayed allocated until the next recovery).
+    #[test]
+    fn a_free_on_an_exiting_thread_returns_the_block() {
+        type Outcome = Arc<parking_lot::Mutex<Option<(bool, Result<()>)>>>;
+        struct FreeOnExit(std::cell::RefCell<Option<(Arc<Nsm>, PPtr, Outcome)>>);
+        impl Drop for FreeOnExit {
+            fn drop(&mut self) {
+                if let Some((nsm, p, out)) = self.0.borrow_mut().take() {
+                    let no_id = numakv_numa::try_tid().is_err();
+                    // SAFETY: `p` came from `nsm` and is freed once, here.
+                    *out.lock() = Some((no_id, unsafe { nsm.free(p) }));
+                }
+            }
+        }
+        thread_local!(static EXIT: FreeOnExit = const { FreeOnExit(std::cell::RefCell::new(None)) });
+
+        let nsm = Nsm::new(pool(64 << 10), NsmMode::Local).unwrap();
+        let before = nsm.allocated_blocks().len();
+        let out: Outcome = Arc::default();
+        let (n2, o2) = (Arc::clone(&nsm), Arc::clone(&out));
+        std::thread::spawn(move || {
+            // Registered before the thread's id slot, so destroyed after it.
+            EXIT.with(|_| {});
+            let p = n2.alloc(100).unwrap();
+            EXIT.with(|e| *e.0.borrow_mut() = Some((n2, p, o2)));
+        })
+        .join()
+        .unwrap();
+        let (no_id, freed) = out.lock().take().expect("the destructor ran");
+        assert!(no_id, "the scenario needs a thread without an id when the free runs");
+        freed.expect("free on an exiting thread");
+        assert_eq!(nsm.allocated_blocks().len(), before, "the block is still allocated");
+        assert_eq!(nsm.stats().allocated_bytes, 0);
     }
 
     #[test]
