@@ -79,18 +79,16 @@ pub fn value_from(b: &[u8]) -> Option<u64> {
 pub const TINY: TreeLimits =
     TreeLimits { leaf_entries: 2, leaf_bytes: 1024, inner_children: 2, inner_bytes: 4096 };
 
-/// The split limits of the codec's stores: the default, unless `NUMAKV_KIT_TINY_TREES=1` asks
-/// for [`TINY`]. With [`TINY`] the shared kit's `crash_kill_eadr` failed twice in about seven
-/// full runs on 2026-11-26, both over Nap (F3-tree, NOBtree), under load and not with the seed
-/// alone ("round 1: key 2730: recovered None, but the acknowledged state is Some(…)"); the
-/// cause is not found yet (issue 22), so CI runs the kit with the default limits — where the
-/// codec's four keys per prefix stay one leaf — and the trees' crash and race coverage comes
-/// from the byte-native tests, `tests/interleavings.rs` and this switch.
+/// The split limits of the codec's stores: [`TINY`], unless `NUMAKV_KIT_TINY_TREES=0` asks for
+/// the default ones (where the codec's four keys per prefix stay one leaf). With [`TINY`] the
+/// kit found two bugs under load on 2026-11-26 that the default limits hid: Nap cached a value a
+/// concurrent raw write replaced (lost updates in `crash_kill_eadr`), and NSM failed frees run
+/// on exiting threads (whole epoch bags reported as leaked).
 fn codec_limits() -> TreeLimits {
-    if std::env::var_os("NUMAKV_KIT_TINY_TREES").is_some_and(|v| v == "1") {
-        TINY
-    } else {
+    if std::env::var_os("NUMAKV_KIT_TINY_TREES").is_some_and(|v| v == "0") {
         TreeLimits::default()
+    } else {
+        TINY
     }
 }
 
