@@ -455,6 +455,18 @@ impl Index for NbTree {
         self.pinned(|g| self.lookup(key, g))
     }
 
+    /// One descent (see `NbTree::update_with_from_root`); no exclusion of other writers, as
+    /// the default.
+    fn update_with(
+        &self,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+    ) -> Result<Option<u64>> {
+        check_key(key)?;
+        let mut computed = None;
+        self.pinned(|g| self.update_with_from_root(key, &mut *f, &mut computed, g))
+    }
+
     fn remove(&self, key: u64) -> Result<bool> {
         check_key(key)?;
         self.pinned(|g| self.delete_key(key, g))

@@ -230,6 +230,58 @@ impl NbTree {
         Ok(InsertOutcome::Inserted)
     }
 
+    /// [`Index::update_with`](numakv_index::Index::update_with) in one descent: the value is
+    /// read from the leaf the descent found and the new one written into that same leaf
+    /// ([`NbTree::update_from`]), where the default runs a [`NbTree::lookup`] and then an
+    /// upsert, each from the root. Like the default it excludes no other writer (the caller
+    /// serialises the writers of a key when it needs to; the byte-string layer does).
+    ///
+    /// `computed` carries `f`'s result across retries of the caller's [`NbTree::pinned`] loop
+    /// (an SMO that must wait for a Calloc slot unpins and runs the operation again): `f` runs
+    /// at most once, a retry only writes what it returned. `Ok(None)`: `key` is absent.
+    pub(crate) fn update_with_from_root(
+        &self,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+        computed: &mut Option<(u64, Option<u64>)>,
+        g: &Guard,
+    ) -> Result<Option<u64>> {
+        if let Some((old, new)) = *computed {
+            // A retry: `f` has run; write what it returned, as the default's upsert would.
+            if let Some(new) = new {
+                self.insert_or_upsert(key, new, true, g)?;
+            }
+            return Ok(Some(old));
+        }
+        let leaf = self.find_leaf(key, g);
+        // The fast path reads the leaf as `lookup` does when the leaf is in no SMO (the check
+        // comes after the read, as there); the locked variants and a leaf in an SMO take
+        // `lookup`'s full path instead (its read lock, sync-on-read, the copy's value).
+        let fast = if self.variant.locks_writes() {
+            None
+        } else {
+            let blk = self.blk(leaf.data);
+            let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
+            (!leaf.in_smo()).then_some(val)
+        };
+        let old = match fast {
+            Some(v) => v,
+            None => self.lookup(key, g)?,
+        };
+        let Some(old) = old else { return Ok(None) };
+        let new = f(old)?;
+        *computed = Some((old, new));
+        let Some(new) = new else { return Ok(Some(old)) };
+        // The write starts at the leaf found above; `update_from` follows SMOs (a sealed slot
+        // finishes the SMO and retries from the root) exactly as an update does.
+        if !self.update_from(leaf, key, new, g)? {
+            // Removed since we read it (only a writer the caller does not exclude can do
+            // that): store it anyway, as the default's upsert would.
+            self.insert_or_upsert(key, new, true, g)?;
+        }
+        Ok(Some(old))
+    }
+
     /// Algorithm 3 (update): returns false when the key is absent.
     pub(crate) fn update_key(&self, key: u64, value: u64, g: &Guard) -> Result<bool> {
         let leaf = self.find_leaf(key, g);
