@@ -18,9 +18,18 @@
 //!
 //! Formats, the switch protocol and the crash states: docs/design.md, section "Nap".
 //!
-//! Pause points (docs/design.md §12; `tests/interleavings.rs`): `nap.write.raw_routed` — a
-//! write's snapshot routed its key to the raw index, the raw write has not started (a switch's
-//! first grace period waits for it).
+//! Pause points (docs/design.md §12; `tests/interleavings.rs`):
+//! - `nap.write.raw_routed` — a write's snapshot routed its key to the raw index, the raw write
+//!   has not started (a switch's first grace period waits for it);
+//! - `nap.write.nal_resolved` — a write into `cur` resolved an unresolved entry (from `pre` or
+//!   the raw index) under the entry's lock, nothing persisted yet (grace period 2 waits for it);
+//! - `nap.scan.raw_chunk` — a scan read one raw chunk, the NALs' values not merged yet (its
+//!   snapshot may hold `pre`: grace period 2 waits for it);
+//! - `nap.switch.pre_flush` — phase 2: grace period 1 passed, `cur` writable, `pre` not flushed
+//!   (writers of keys only in `pre` wait).
+//!
+//! Fail point: `nap.switch.flush` — the phase-2 flush fails as if the raw index were out of
+//! space (`OutOfSpace`): the switch stalls, writers blocked on `pre` get the error.
 //!
 //! ```
 //! use numakv_fastfair::FastFair;

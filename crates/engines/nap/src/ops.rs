@@ -178,6 +178,9 @@ impl<I: Inner> Shared<I> {
             // key to `pre` or the raw index any more, the value read here is final.
             st.value = self.read_lazy(snap, key)?;
             st.resolved = true;
+            // Resolved (from `pre` or the raw index), not yet persisted: the switch may flush
+            // and unpublish `pre` meanwhile, but must not free it (grace period 2).
+            numakv_pmem::pause_point!("nap.write.nal_resolved");
         }
         let (new, changed) = w.apply(st.value);
         if !changed {
@@ -228,6 +231,9 @@ impl<I: Inner> Shared<I> {
             let want = (max - (out.len() - base)).max(16);
             chunk.clear();
             let n = self.raw.scan(pos, want, &mut chunk)?;
+            // A raw chunk read, the NALs' values not merged yet: a switch may flush `pre` into
+            // the raw index meanwhile (grace period 2 must wait for this snapshot).
+            numakv_pmem::pause_point!("nap.scan.raw_chunk");
             // The raw chunk covers every raw key in [pos, hi]; past it, nothing when exhausted.
             let exhausted = n < want;
             let hi = if exhausted { u64::MAX - 1 } else { chunk[n - 1].0 };

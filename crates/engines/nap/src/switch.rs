@@ -202,6 +202,9 @@ impl<I: Inner> Shared<I> {
             return Ok(0);
         };
         self.enter(phase::FLUSH);
+        // Grace period 1 has passed and `cur` is writable; `pre` is not flushed yet: writers of
+        // keys only in `pre` wait, writes into `cur` resolve from `pre` (tests/interleavings.rs).
+        numakv_pmem::pause_point!("nap.switch.pre_flush");
         let flushed = match self.flush_nal(pre_nal) {
             Ok(n) => n,
             Err(e) => {
@@ -237,6 +240,10 @@ impl<I: Inner> Shared<I> {
 
     /// Flushes the entries `nal` wrote into the raw index (phase 2). `nal` is no longer written.
     fn flush_nal(&self, nal: &Nal) -> Result<u64> {
+        if numakv_pmem::fail_point!("nap.switch.flush") {
+            // Test hook: the flush fails as on a raw index out of space (a stalled switch).
+            return Err(numakv_pmem::PoolError::OutOfSpace { node: 0, requested: 0 }.into());
+        }
         let mut n = 0;
         for (i, &key) in nal.keys.iter().enumerate() {
             let st = *nal.entries[i].state.read();
