@@ -13,8 +13,9 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use numakv_fastfair::{FastFair, FastFairOptions, RecoveryMode};
 use numakv_index::{Engine, Index};
@@ -60,6 +61,22 @@ fn counter(t: &FastFair, name: &str) -> u64 {
     t.stats().counters.iter().find(|c| c.0 == name).unwrap().1
 }
 
+/// Runs `f` on a helper thread while a thread is parked holding a lock that `f` may (wrongly)
+/// wait for: `None` if it did not finish within `WINDOW` (then the caller releases the parked
+/// thread, joins the helper and fails, instead of hanging).
+fn within_window<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> (Option<T>, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    (rx.recv_timeout(WINDOW).ok(), h)
+}
+
+/// How long the operations inside a window may take (they take microseconds).
+const WINDOW: Duration = Duration::from_secs(10);
+
 fn spawn_named<T: Send + 'static>(
     name: &str,
     f: impl FnOnce() -> T + Send + 'static,
@@ -94,7 +111,11 @@ fn reader_between_key_and_value_while_the_slot_shifts() {
         }
         p.release();
         let got = r.join().unwrap();
-        assert_eq!(got, Some(300), "delete={delete}: the reader paired 30 with another value");
+        assert_eq!(
+            got,
+            Some(300),
+            "delete={delete}: the reader returned another key's value or missed 30"
+        );
         if delete {
             assert!(counter(&t, "retries") > retries, "the direction change forced no retry");
         }
@@ -245,12 +266,21 @@ fn split_window_before_the_parent_update() {
     };
     p.wait_parked(); // A = [10..60] (locked) → B = [70..120]; root slot still A
     let height = counter(&t, "height");
-    let inserted = t.insert(95, 950);
-    let got: Vec<_> = (1..=12).map(|i| t.get(i * 10)).collect();
-    let mut out = Vec::new();
-    let scanned = t.scan(1, 1000, &mut out);
+    let (window, h) = within_window({
+        let t = Arc::clone(&t);
+        move || {
+            let inserted = t.insert(95, 950);
+            let got: Vec<_> = (1..=12).map(|i| t.get(i * 10)).collect();
+            let mut out = Vec::new();
+            let scanned = t.scan(1, 1000, &mut out);
+            (inserted, got, scanned, out)
+        }
+    });
     p.release();
+    h.join().unwrap();
     assert!(s.join().unwrap());
+    let (inserted, got, scanned, out) =
+        window.expect("the window's operations waited for the splitter");
     assert_eq!(height, 1, "the window is before the new root");
     assert!(inserted.unwrap(), "insert into the new node's range in the window");
     for (i, g) in (1..=12).zip(got) {
@@ -286,11 +316,18 @@ fn crash_in_the_split_window_keeps_every_acknowledged_key() {
             spawn_named("splitter", move || t.insert(120, 1200))
         };
         p.wait_parked(); // B durable and linked through A only
-        let acked = t.insert(95, 950);
-        let crashed = t.pool().crash(CrashOptions::STRICT);
+        let (window, h) = within_window({
+            let t = Arc::clone(&t);
+            move || {
+                let acked = t.insert(95, 950);
+                (acked, t.pool().crash(CrashOptions::STRICT))
+            }
+        });
         p.release();
+        h.join().unwrap();
         let _ = s.join().unwrap(); // in flight at the crash: either outcome is allowed
-        acked.unwrap();
+        let (acked, crashed) = window.expect("the insert in the window waited for the splitter");
+        assert!(acked.unwrap());
         crashed.unwrap();
         drop(Arc::try_unwrap(t).unwrap());
         let (t, rep) = common::reopen_with(d.path(), SimMode::Shadow, recovery);
