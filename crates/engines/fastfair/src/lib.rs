@@ -41,7 +41,9 @@
 //! - `fastfair.scan.next_leaf`: a scan has emitted a leaf and read its sibling pointer, not
 //!   yet visited the sibling;
 //! - `fastfair.recovery.background`: the background pass of a lazy open before it walks the
-//!   tree.
+//!   tree;
+//! - `fastfair.recovery.lost_root`: orphan linking (lazy pass or eager open) has seen a root
+//!   with a sibling (a lost root split), not yet locked the root to install a new one.
 //!
 //! ```
 //! use numakv_fastfair::{FastFair, FastFairOptions};

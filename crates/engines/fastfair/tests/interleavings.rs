@@ -298,48 +298,101 @@ fn split_window_before_the_parent_update() {
     t.check().unwrap();
 }
 
-/// A crash in FAIR's window (ADR, strict: only what was persisted survives): the splitter is
-/// parked before the parent update and another writer has been acknowledged an insert into the
-/// new node. Recovery (eager and lazy) finds B through A's sibling link, installs the missing
-/// root and keeps every acknowledged key.
+/// A store in `dir` that crashed in FAIR's window of a root split (ADR, strict: only what was
+/// persisted survives): the root leaf [10..110] split for 120, the splitter parked before the
+/// new root is installed, and another writer acknowledged 95 into the new node B. The durable
+/// tree: root slot = A = [10..60], A.sibling = B = [70..120] + 95, no parent names B.
+fn crashed_in_the_split_window(sc: &Scenario, dir: &std::path::Path) {
+    let t = Arc::new(common::create(dir, PersistMode::Adr, SimMode::Shadow, NODE));
+    full_leaf(&t);
+    let p = sc.pause_thread("fastfair.split.linked", "splitter");
+    let s = {
+        let t = Arc::clone(&t);
+        spawn_named("splitter", move || t.insert(120, 1200))
+    };
+    p.wait_parked(); // B durable and linked through A only
+    let (window, h) = within_window({
+        let t = Arc::clone(&t);
+        move || {
+            let acked = t.insert(95, 950);
+            (acked, t.pool().crash(CrashOptions::STRICT))
+        }
+    });
+    p.release();
+    h.join().unwrap();
+    let _ = s.join().unwrap(); // in flight at the crash: either outcome is allowed
+    let (acked, crashed) = window.expect("the insert in the window waited for the splitter");
+    assert!(acked.unwrap());
+    crashed.unwrap();
+    drop(Arc::try_unwrap(t).unwrap());
+}
+
+/// Every key of [`crashed_in_the_split_window`], plus `extra`, with its value.
+fn assert_split_window_keys(t: &FastFair, what: &str, extra: &[u64]) {
+    let mut want: Vec<u64> = (1..=11).map(|i| i * 10).collect();
+    want.push(95);
+    want.extend(extra);
+    for k in want {
+        assert_eq!(t.get(k).unwrap(), Some(k * 10), "{what}: acknowledged key {k} lost");
+    }
+    // B held 120 durably before the window: the interrupted insert took effect.
+    assert_eq!(t.get(120).unwrap(), Some(1200), "{what}");
+}
+
+/// A crash in FAIR's window ([`crashed_in_the_split_window`]): recovery (eager and lazy) finds
+/// B through A's sibling link, installs the missing root and keeps every acknowledged key.
 #[test]
 fn crash_in_the_split_window_keeps_every_acknowledged_key() {
     // First: tests of this file arm points every thread meets, so they run one at a time.
     let sc = Scenario::setup();
     for recovery in [RecoveryMode::Eager, RecoveryMode::Lazy] {
         let d = common::scratch();
-        let t = Arc::new(common::create(d.path(), PersistMode::Adr, SimMode::Shadow, NODE));
-        full_leaf(&t);
-        let p = sc.pause_thread("fastfair.split.linked", "splitter");
-        let s = {
-            let t = Arc::clone(&t);
-            spawn_named("splitter", move || t.insert(120, 1200))
-        };
-        p.wait_parked(); // B durable and linked through A only
+        crashed_in_the_split_window(&sc, d.path());
+        let (t, rep) = common::reopen_with(d.path(), SimMode::Shadow, recovery);
+        assert!(!rep.was_clean);
+        assert_split_window_keys(&t, &recovery.to_string(), &[]);
+        t.check().unwrap();
+        assert_eq!(counter(&t, "height"), 2, "{recovery}: the missing root was installed");
+    }
+}
+
+/// The lazy recovery pass against foreground writers repairing the same crash: the lost root
+/// split of [`crashed_in_the_split_window`]. The pass is parked either before its walk
+/// (`fastfair.recovery.background`) or after it decided that the root level has a second node
+/// and before it locks the root to install the lost root (`fastfair.recovery.lost_root`).
+/// Meanwhile foreground inserts fill B and split it; B's splitter needs the level above the
+/// root, finds the old root unlocked and installs it itself. The pass, released, must find the
+/// root changed (nothing to link: `orphans_linked` 0) and leave a tree that checks.
+#[test]
+fn lazy_recovery_against_writers_that_install_the_lost_root() {
+    // First: tests of this file arm points every thread meets, so they run one at a time.
+    let sc = Scenario::setup();
+    for point in ["fastfair.recovery.background", "fastfair.recovery.lost_root"] {
+        let d = common::scratch();
+        crashed_in_the_split_window(&sc, d.path());
+        let p = sc.pause_thread(point, "fastfair-recovery");
+        let (t, rep) = common::reopen_with(d.path(), SimMode::Shadow, RecoveryMode::Lazy);
+        assert!(!rep.was_clean);
+        p.wait_parked();
+        // B = [70..120] + 95 holds 7 entries: 4 more fill it, the 5th splits it.
+        let extra = [121, 122, 123, 124, 125];
         let (window, h) = within_window({
-            let t = Arc::clone(&t);
+            let t = Arc::new(t);
             move || {
-                let acked = t.insert(95, 950);
-                (acked, t.pool().crash(CrashOptions::STRICT))
+                fill(&t, extra);
+                t
             }
         });
         p.release();
         h.join().unwrap();
-        let _ = s.join().unwrap(); // in flight at the crash: either outcome is allowed
-        let (acked, crashed) = window.expect("the insert in the window waited for the splitter");
-        assert!(acked.unwrap());
-        crashed.unwrap();
-        drop(Arc::try_unwrap(t).unwrap());
-        let (t, rep) = common::reopen_with(d.path(), SimMode::Shadow, recovery);
-        assert!(!rep.was_clean);
-        let mut want: Vec<u64> = (1..=11).map(|i| i * 10).collect();
-        want.push(95);
-        for k in want {
-            assert_eq!(t.get(k).unwrap(), Some(k * 10), "{recovery}: acknowledged key {k} lost");
-        }
-        // B held 120 durably before the window: the interrupted insert took effect.
-        assert_eq!(t.get(120).unwrap(), Some(1200), "{recovery}");
+        let t = Arc::try_unwrap(window.expect("foreground writers waited for the recovery pass"))
+            .unwrap();
+        let report = t.wait_recovery().unwrap().expect("a lazy open's report");
+        let linked = report.counters.iter().find(|c| c.0 == "orphans_linked").unwrap().1;
+        assert_eq!(counter(&t, "root_splits"), 1, "{point}: the foreground installed the root");
+        assert_eq!(linked, 0, "{point}: the pass linked again what the foreground had linked");
+        assert_split_window_keys(&t, point, &extra);
         t.check().unwrap();
-        assert_eq!(counter(&t, "height"), 2, "{recovery}: the missing root was installed");
+        assert_eq!(counter(&t, "height"), 2, "{point}");
     }
 }
