@@ -165,6 +165,8 @@ impl FastFair {
     ) -> Result<WriteGuard<'a>> {
         loop {
             let leaf = self.leaf_for(key, guard)?;
+            // Window: the leaf is found, not yet locked; it may split or die meanwhile.
+            numakv_pmem::pause_point!("fastfair.write.leaf_found");
             match self.lock_covering(leaf, key)? {
                 Some(g) => return Ok(g),
                 None => self.retry(),

@@ -29,8 +29,21 @@
 //! the tree with [`FastFair::open_deferred_with`]: lazily, the background pass collecting NSM
 //! over its walk plus the embedder's blocks.
 //!
-//! Pause points (docs/design.md §12): `fastfair.recovery.background`, the background pass of a
-//! lazy open before it walks the tree.
+//! Pause points (docs/design.md §12; forced in `tests/interleavings.rs`):
+//! - `fastfair.leaf.key_read`: a lock-free leaf lookup has read the slot holding its key, not
+//!   yet the value (a shift may move the slot's entry on);
+//! - `fastfair.lookup.leaf`: a lookup has chosen its leaf, not yet read it (it may split or
+//!   be merged away);
+//! - `fastfair.write.leaf_found`: a writer (insert, upsert, update, remove, `update_with`) has
+//!   found its leaf lock-free, not yet locked it;
+//! - `fastfair.split.linked`: FAIR's window — a split's new node is durable and linked through
+//!   the split node's sibling pointer, no parent names it yet (the split node still locked);
+//! - `fastfair.scan.next_leaf`: a scan has emitted a leaf and read its sibling pointer, not
+//!   yet visited the sibling;
+//! - `fastfair.recovery.background`: the background pass of a lazy open before it walks the
+//!   tree;
+//! - `fastfair.recovery.lost_root`: orphan linking (lazy pass or eager open) has seen a root
+//!   with a sibling (a lost root split), not yet locked the root to install a new one.
 //!
 //! ```
 //! use numakv_fastfair::{FastFair, FastFairOptions};

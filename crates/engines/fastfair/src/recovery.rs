@@ -630,7 +630,9 @@ impl FastFair {
                 return Ok(Some(linked));
             }
             if level == top {
-                // A lost root split: the root has a sibling.
+                // A lost root split: the root has a sibling. Window: decided from `root_p`,
+                // whose lock is not taken yet (a foreground splitter may install the root).
+                numakv_pmem::pause_point!("fastfair.recovery.lost_root");
                 match self.install_lost_root(root_p, &guard)? {
                     Some(true) => linked += 1,
                     Some(false) => {} // someone else did it: look again

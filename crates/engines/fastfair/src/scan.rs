@@ -97,6 +97,8 @@ impl FastFair {
                     return Ok(n);
                 }
                 next = next.max(high);
+                // Window: one leaf emitted, the next not yet read; both may split or merge.
+                numakv_pmem::pause_point!("fastfair.scan.next_leaf");
                 node = self.node(sibling)?;
             }
         }

@@ -98,6 +98,8 @@ impl FastFair {
                     return None;
                 }
                 if k == key {
+                    // Window: the key is read, its value not yet; a shift may move both on.
+                    numakv_pmem::pause_point!("fastfair.leaf.key_read");
                     let v = node.val(i);
                     if node.key(i) == k {
                         return Some(v);
@@ -115,6 +117,7 @@ impl FastFair {
                 if k < key {
                     return None;
                 }
+                numakv_pmem::pause_point!("fastfair.leaf.key_read");
                 let v = node.val(i);
                 if node.key(i) == k {
                     return Some(v);
@@ -214,6 +217,8 @@ impl FastFair {
     pub(crate) fn lookup(&self, key: u64, guard: &Guard) -> Result<Option<u64>> {
         'restart: loop {
             let mut node = self.leaf_for(key, guard)?;
+            // Window: the leaf is chosen, not yet read; it may split or die meanwhile.
+            numakv_pmem::pause_point!("fastfair.lookup.leaf");
             loop {
                 match self.stable(node, key, |desc| Self::leaf_search(node, key, desc))? {
                     Read::Dead => {

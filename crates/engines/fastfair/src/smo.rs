@@ -225,6 +225,8 @@ impl FastFair {
             self.shift_insert(a, at, cut, key, val);
         }
         self.counters.splits.fetch_add(1, Ordering::Relaxed);
+        // FAIR's window: B is durable and linked through A.sibling only; no parent names it.
+        numakv_pmem::pause_point!("fastfair.split.linked");
 
         // Step 5. Out of space here (only if the root grew past the reservation) leaves B
         // linked only through A.sibling, which every reader and writer follows; recovery adds
