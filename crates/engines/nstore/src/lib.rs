@@ -31,6 +31,8 @@
 //! - `nstore.new_file.allocated` (pause): a new log file's extent is allocated (durably) and its
 //!   header is not written yet — the window in which a power failure leaves an extent whose
 //!   header is whatever its pages held before.
+//! - `nstore.vindex.scan_min_read` (pause): a volatile-index scan read the smallest key and has
+//!   not iterated yet (a smaller key inserted now must not be returned by a scan from above it).
 //!
 //! ```
 //! use numakv_index::{Engine, Index};

@@ -172,3 +172,31 @@ fn a_stale_header_in_a_reallocated_extent_does_not_revive_a_freed_file() {
     assert_eq!(common::counter(&c, "orphan_extents_freed"), 1, "{c:?}");
     s.check().unwrap();
 }
+
+/// A scan whose start is at or below the smallest key iterates from the minimum; a key below
+/// the start inserted between reading the minimum and iterating must not be returned.
+#[test]
+fn a_scan_from_below_the_minimum_skips_a_smaller_key_inserted_meanwhile() {
+    let o = common::opts();
+    let dir = tempfile::tempdir().unwrap();
+    let s = common::create(&dir.path().join("store"), PersistMode::Adr, SimMode::Direct, &o);
+    for k in [5u64, 6, 7] {
+        s.upsert(k, k * 10).unwrap();
+    }
+    let sc = Scenario::setup();
+    let pause = sc.pause("nstore.vindex.scan_min_read");
+    let got = std::thread::scope(|t| {
+        let s = &s;
+        let scan = t.spawn(move || {
+            let mut out = Vec::new();
+            s.scan(5, 10, &mut out).map(|_| out)
+        });
+        pause.wait_parked();
+        let inserted = s.upsert(2, 20);
+        pause.release(); // before asserting: a failure must not strand the parked scan
+        inserted.unwrap();
+        scan.join().unwrap().unwrap()
+    });
+    assert_eq!(got, vec![(5, 50), (6, 60), (7, 70)], "scan(5, 10) under a concurrent insert of 2");
+    s.close().unwrap();
+}
