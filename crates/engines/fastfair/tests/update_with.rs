@@ -1,7 +1,8 @@
 //! `Index::update_with` on FAST&FAIR: one descent under the leaf lock.
 
 use numakv_fastfair::FastFair;
-use numakv_index::{Engine, Error, Index};
+use numakv_index::testkit::scenario::check_update_with_semantics;
+use numakv_index::{Engine, Index};
 use numakv_pmem::{Pool, PoolConfig};
 
 fn tree() -> FastFair {
@@ -11,30 +12,7 @@ fn tree() -> FastFair {
 
 #[test]
 fn replaces_present_keys_only_and_keeps_the_value_on_error() {
-    let t = tree();
-    for k in 1..=1000u64 {
-        t.upsert(k * 2, k).expect("upsert");
-    }
-    // Present: f sees the value, its result is stored.
-    assert_eq!(t.update_with(20, &mut |v| Ok(Some(v + 100))).expect("update_with"), Some(10));
-    assert_eq!(t.get(20).expect("get"), Some(110));
-    // `None` from f leaves the value.
-    assert_eq!(t.update_with(20, &mut |_| Ok(None)).expect("update_with"), Some(110));
-    assert_eq!(t.get(20).expect("get"), Some(110));
-    // Absent: f is not called.
-    let mut called = false;
-    let r = t.update_with(21, &mut |_| {
-        called = true;
-        Ok(Some(1))
-    });
-    assert_eq!(r.expect("update_with"), None);
-    assert!(!called);
-    assert_eq!(t.get(21).expect("get"), None);
-    // An error from f: returned, nothing written.
-    let r = t.update_with(40, &mut |_| Err(Error::InvalidOptions("no".into())));
-    assert!(matches!(r, Err(Error::InvalidOptions(_))), "{r:?}");
-    assert_eq!(t.get(40).expect("get"), Some(20));
-    assert_eq!(t.check().expect("check").entries, 1000);
+    check_update_with_semantics(&tree());
 }
 
 /// Threads incrementing one key through `update_with` while others insert around it (splits

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use numakv_pmem::{CrashOptions, Pool};
 
 use crate::api::{Index, RecoveryReport};
+use crate::error::Error;
 
 /// Small deterministic PRNG (xorshift) so scenarios need no seeds from outside. The seed must
 /// not be 0 (xorshift stays at 0).
@@ -269,4 +270,34 @@ pub fn vk(k: u64) -> u64 {
 /// `n` scaled by `NUMAKV_TEST_SCALE` ([`test_scale`](super::test_scale)).
 pub fn scaled(n: usize) -> usize {
     n * super::test_scale()
+}
+
+/// The contract of [`Index::update_with`] on `t`, an empty index: on 1,000 keys (2, 4, …,
+/// 2,000) `f` sees a present key's value and its result is stored; `None` from `f` keeps the
+/// value; an absent key returns `None` without calling `f`; an error from `f` is returned and
+/// nothing is written. For engines with their own `update_with`.
+pub fn check_update_with_semantics(t: &dyn Index) {
+    for k in 1..=1000u64 {
+        t.upsert(k * 2, k).expect("upsert");
+    }
+    // Present: f sees the value, its result is stored.
+    assert_eq!(t.update_with(20, &mut |v| Ok(Some(v + 100))).expect("update_with"), Some(10));
+    assert_eq!(t.get(20).expect("get"), Some(110));
+    // `None` from f leaves the value.
+    assert_eq!(t.update_with(20, &mut |_| Ok(None)).expect("update_with"), Some(110));
+    assert_eq!(t.get(20).expect("get"), Some(110));
+    // Absent: f is not called.
+    let mut called = false;
+    let r = t.update_with(21, &mut |_| {
+        called = true;
+        Ok(Some(1))
+    });
+    assert_eq!(r.expect("update_with"), None);
+    assert!(!called);
+    assert_eq!(t.get(21).expect("get"), None);
+    // An error from f: returned, nothing written.
+    let r = t.update_with(40, &mut |_| Err(Error::InvalidOptions("no".into())));
+    assert!(matches!(r, Err(Error::InvalidOptions(_))), "{r:?}");
+    assert_eq!(t.get(40).expect("get"), Some(20));
+    assert_eq!(t.check().expect("check").entries, 1000);
 }
