@@ -31,6 +31,9 @@
 //!  16+12c            …     separators 1..count: separator i is the least key of child i
 //! ```
 //!
+//! **Cell**: a root leaf of one pair whose value is rewritten in place; its layout and crash
+//! argument are in `crates/bytes/src/cell.rs` and docs/design.md.
+//!
 //! Every key of a tree maps to the index key under which the tree is linked. A node is written
 //! whole and persisted before anything points at it.
 
@@ -40,6 +43,8 @@ use numakv_index::{Error, Result, MAX_KEY, MIN_KEY};
 use numakv_pmem::heap::OWNER_ENGINE;
 
 use numakv_pmem::{account, PPtr, PmU64, Pool};
+
+use crate::cell::{CellRef, CELL_MAGIC};
 
 /// Name for errors.
 pub(crate) const LAYER: &str = "bytes";
@@ -110,10 +115,12 @@ pub const SLOT_BYTES: usize = 8;
 /// Bytes of an inner node's separator end offset.
 pub const SEP_END_BYTES: usize = 4;
 
-/// A published node of a prefix's tree, read in place: a leaf (bucket record) or an inner node.
+/// A published node of a prefix's tree, read in place: a leaf (bucket record), a cell (a root
+/// leaf of one pair, rewritten in place; see [`crate::cell`]) or an inner node.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Node<'g> {
     Leaf(Record<'g>),
+    Cell(CellRef<'g>),
     Inner(Inner<'g>),
 }
 
@@ -124,8 +131,8 @@ impl<'g> Node<'g> {
     /// `p` must have been published (reached through the index and the tree while pinned, or
     /// under the stripe lock of its index key) and must not be freed during `'g`: the caller is
     /// pinned in the epoch since before it read `p`, or holds the stripe lock of its index key.
-    /// Published nodes are never written again except an inner node's child slots, which are
-    /// atomics and never covered by a shared slice here.
+    /// Published nodes are never written again except an inner node's child slots and a cell's
+    /// version and slots, which are atomics and never covered by a shared slice here.
     pub(crate) unsafe fn at(pool: &'g Pool, p: PPtr) -> Result<Node<'g>> {
         let head = pool.bytes(p, HEADER_BYTES)?;
         let mut h = [0u8; HEADER_BYTES];
@@ -137,6 +144,8 @@ impl<'g> Node<'g> {
         match magic {
             // SAFETY: forwarded contract.
             RECORD_MAGIC => Ok(Node::Leaf(unsafe { Record::with(pool, p, count, len)? })),
+            // SAFETY: forwarded contract.
+            CELL_MAGIC => Ok(Node::Cell(unsafe { CellRef::at(pool, p, count, len)? })),
             // SAFETY: forwarded contract.
             INNER_MAGIC => Ok(Node::Inner(unsafe { Inner::with(pool, p, count, len)? })),
             _ => Err(corrupted(p, format_args!("magic {magic:#x}"))),
@@ -169,6 +178,18 @@ impl<'g> Record<'g> {
         // caller's contract), so a shared slice over it is sound.
         let bytes = unsafe { std::slice::from_raw_parts(all.as_ptr(), len) };
         Ok(Record { at: p, bytes, count })
+    }
+
+    /// A record image in DRAM (a cell's pair, [`CellRef::as_record`]) standing for the node at
+    /// `at`: what the write paths read to merge, and `at` is what they retire.
+    pub(crate) fn in_dram(at: PPtr, bytes: &'g [u8]) -> Result<Record<'g>> {
+        let h = bytes.get(..HEADER_BYTES).ok_or_else(|| corrupted(at, "image too short"))?;
+        let count = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        let len = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        if count == 0 || len != bytes.len() as u64 {
+            return Err(corrupted(at, format_args!("image: length {len}, count {count}")));
+        }
+        Ok(Record { at, bytes, count })
     }
 
     /// Where the record lives.

@@ -22,7 +22,9 @@
 //! - **Pause points** (feature `failpoints` of numakv-pmem, for tests): `bytes.walk.leaf_done` —
 //!   a scan has taken a leaf's pairs and is about to move to the next child;
 //!   `bytes.write.leaf_built` — a leaf writer inside a tree has built its new leaf, not yet
-//!   published.
+//!   published; `bytes.cell.slot_written` — an in-place rewrite of a cell has filled the
+//!   inactive slot, the version still names the old one; `bytes.cell.copied` — a reader has
+//!   copied a cell's slot and not yet re-checked its version.
 //!
 //! PM format and the crash argument: docs/design.md, "Byte-string layer".
 //!
@@ -44,6 +46,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod cell;
 pub mod layout;
 pub mod ops;
 pub mod recovery;

@@ -2,6 +2,9 @@
 //! publish with one 8-byte store (docs/design.md, "Byte-string layer", Operations).
 //!
 //! A write of key `k` with index key `x = index_key(k)`:
+//! - a put or update of the key of a cell (a root of one pair) with a value that fits: the
+//!   stripe lock of `x` exclusively, the engine's `get`, and the cell rewritten in place with
+//!   one fence (`crate::cell`);
 //! - inside a tree, when the leaf stays one leaf: the stripe lock of `x` shared, the leaf's slot
 //!   lock, a new leaf, a persisted in-place store into the slot ([`Bytes::write`]'s shared path);
 //! - otherwise the stripe lock of `x` exclusively: the root through the engine's
@@ -23,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use numakv_pmem::alloc::nsm::Nsm;
 
+use crate::cell::{cell_bytes, cell_words, write_cell, CELL_MAX_VALUE};
 use crate::layout::{
     check_key, check_value, entry_bytes, index_key, inner_bytes, write_inner, write_record, Inner,
     Node, Record, HEADER_BYTES, LAYER,
@@ -50,6 +54,11 @@ struct Prefixes {
     /// an inner node. Writes try the shared path only then, so that a prefix of one leaf (keys
     /// with their own 8-byte prefix, the common case) costs no extra engine lookup.
     trees: AtomicBool,
+    /// A hint, not a fact: whether the last exclusive write of this stripe found a root leaf
+    /// holding more than one pair. Puts and updates try the in-place rewrite of a cell first
+    /// only when neither hint is set, so that prefixes shared by several keys pay no extra
+    /// engine lookup.
+    crowded: AtomicBool,
 }
 
 /// Fibonacci hashing onto `STRIPES` buckets: neighbouring values land on different stripes.
@@ -94,14 +103,7 @@ impl<E: Index> Bytes<E> {
         let _guard = epoch::pin();
         let Some(p) = self.index.get(x)? else { return Ok(false) };
         // SAFETY: `p` was read from the index while pinned (Node::at's contract).
-        match unsafe { tree::lookup(&self.pool, PPtr::from_raw(p), key)? } {
-            Some(v) => {
-                out.clear();
-                out.extend_from_slice(v);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        unsafe { tree::lookup(&self.pool, PPtr::from_raw(p), key, out) }
     }
 
     /// Applies `w` to `key`; the `bool` is what insert / update / delete report (put: `true`).
@@ -131,6 +133,24 @@ impl<E: Index> Bytes<E> {
         // then nested ones, without the locked instruction of a first pin (which, right after
         // the leaf's flushes, cost ~19% of a byte update on FAST&FAIR).
         let _pin = (!self.index.writes_wait_for_grace()).then(epoch::pin);
+        // A put or update of a key whose prefix's root is a cell holding it, with a value that
+        // fits: rewritten in place (one engine lookup, no engine write, no block allocated or
+        // retired). Tried first when the stripe's hints say its prefixes are single pairs.
+        if let Write::Put(v) | Write::Update(v) = w {
+            // ORDERING: Relaxed, hints.
+            if !stripe.trees.load(Ordering::Relaxed) && !stripe.crowded.load(Ordering::Relaxed) {
+                if let Some(raw) = self.index.get(x)? {
+                    // SAFETY: `raw` is `x`'s root and we hold the stripe lock of `x`: no writer
+                    // can unlink and retire it while we read it.
+                    if let Node::Cell(c) = unsafe { Node::at(&self.pool, PPtr::from_raw(raw))? } {
+                        // SAFETY: we hold the stripe lock of `x` exclusively; `c` is its root.
+                        if c.key() == key && unsafe { c.overwrite(&self.pool, v) } {
+                            return Ok(true);
+                        }
+                    }
+                }
+            }
+        }
         // The root, read through the engine's read-modify-write: when it is a leaf that this
         // write leaves one leaf (the common case for keys with their own prefix), the new leaf
         // replaces it inside that call — one descent of the engine instead of a get and an
@@ -141,10 +161,27 @@ impl<E: Index> Bytes<E> {
         let swapped = self.index.update_with(x, &mut |raw| {
             let p = PPtr::from_raw(raw);
             seen = Some(p);
+            // A cell's pair, copied as a record image, when the root is a cell.
+            let mut image = Vec::new();
             // SAFETY: `p` is `x`'s root, and we hold the stripe lock of `x`: no writer can unlink
             // and retire it while we read it.
-            let Node::Leaf(old) = (unsafe { Node::at(&self.pool, p)? }) else { return Ok(None) };
-            let Some((result, new)) = self.rewrite_leaf(&old, key, w, value)? else {
+            let old = match unsafe { Node::at(&self.pool, p)? } {
+                Node::Leaf(r) => r,
+                Node::Cell(c) => {
+                    if let (Write::Put(v) | Write::Update(v), true) = (w, c.key() == key) {
+                        // SAFETY: we hold the stripe lock of `x` exclusively; `c` is its root.
+                        if unsafe { c.overwrite(&self.pool, v) } {
+                            done = Some((true, None));
+                            return Ok(None);
+                        }
+                    }
+                    c.as_record(&mut image)?
+                }
+                Node::Inner(_) => return Ok(None),
+            };
+            // ORDERING: Relaxed, a hint.
+            stripe.crowded.store(old.count() > 1, Ordering::Relaxed);
+            let Some((result, new)) = self.rewrite_leaf(&old, key, w, value, true)? else {
                 return Ok(None);
             };
             done = Some((result, new));
@@ -178,6 +215,7 @@ impl<E: Index> Bytes<E> {
         // The path from the root to the leaf of `key`: (inner node, child taken).
         let mut path: Vec<(Inner<'_>, usize)> = Vec::new();
         let mut leaf = None;
+        let mut image = Vec::new();
         if let Some(mut p) = root {
             for _ in 0..tree::MAX_DEPTH {
                 // SAFETY: `p` is reachable from `x`'s root, and we hold the stripe lock of `x`:
@@ -185,6 +223,10 @@ impl<E: Index> Bytes<E> {
                 match unsafe { Node::at(&self.pool, p)? } {
                     Node::Leaf(r) => {
                         leaf = Some(r);
+                        break;
+                    }
+                    Node::Cell(c) => {
+                        leaf = Some(c.as_record(&mut image)?);
                         break;
                     }
                     Node::Inner(n) => {
@@ -220,12 +262,23 @@ impl<E: Index> Bytes<E> {
         })?;
         if count > 0 && (count == 1 || self.limits.leaf_fits(count, len)) {
             // The common case: one leaf replaces one leaf, nothing above changes shape.
-            let p = self.nsm.alloc(len)?;
-            // SAFETY: `p` was just allocated and is not published yet.
-            let built = unsafe {
-                write_record(&self.pool, p, len, count as u32, |emit| {
-                    tree::merged(leaf.as_ref(), key, value, &mut |k, v| emit(k, v))
-                })
+            let (p, built) = match value.filter(|_| count == 1 && path.is_empty()) {
+                // A root of one pair (the pair written) becomes a cell when the value is small.
+                Some(v) if v.len() <= CELL_MAX_VALUE => {
+                    let p = self.nsm.alloc(cell_bytes(key.len(), cell_words(v.len())))?;
+                    // SAFETY: `p` was just allocated and is not published yet.
+                    (p, unsafe { write_cell(&self.pool, p, key, v) })
+                }
+                _ => {
+                    let p = self.nsm.alloc(len)?;
+                    // SAFETY: `p` was just allocated and is not published yet.
+                    let built = unsafe {
+                        write_record(&self.pool, p, len, count as u32, |emit| {
+                            tree::merged(leaf.as_ref(), key, value, &mut |k, v| emit(k, v))
+                        })
+                    };
+                    (p, built)
+                }
             };
             // ORDERING/PERSIST: the leaf is durable (write_record persisted it) before the slot
             // store or the engine's upsert makes it reachable.
@@ -297,7 +350,7 @@ impl<E: Index> Bytes<E> {
         for _ in 0..tree::MAX_DEPTH {
             // SAFETY: `p` is reachable from `x`'s root and we are pinned (Node::at's contract).
             match unsafe { Node::at(&self.pool, p)? } {
-                Node::Leaf(_) => break,
+                Node::Leaf(_) | Node::Cell(_) => break,
                 Node::Inner(n) => {
                     let i = n.find_child(key)?;
                     p = n.child(i)?;
@@ -321,7 +374,7 @@ impl<E: Index> Bytes<E> {
                 format!("slot {i} of {} left the leaf level", n.at_ptr()),
             ));
         };
-        match self.rewrite_leaf(&leaf, key, w, value)? {
+        match self.rewrite_leaf(&leaf, key, w, value, false)? {
             None => Ok(None),
             Some((result, None)) => Ok(Some(result)),
             Some((result, Some(new))) => {
@@ -343,13 +396,15 @@ impl<E: Index> Bytes<E> {
     /// common (the merged leaf must split, or empties): `Some((false, None))` when the write
     /// changes nothing (insert of a present key, update or delete of an absent one), else
     /// `Some((true, Some(new)))` with the merged leaf written and persisted in a fresh block,
-    /// not yet published.
+    /// not yet published. A one-pair leaf that is the prefix's `root` is written as a cell when
+    /// its value is small enough.
     fn rewrite_leaf(
         &self,
         leaf: &Record<'_>,
         key: &[u8],
         w: Write<'_>,
         value: Option<&[u8]>,
+        root: bool,
     ) -> Result<Option<(bool, Option<PPtr>)>> {
         let present = leaf.find(key)?.is_some();
         let proceed = match w {
@@ -368,6 +423,16 @@ impl<E: Index> Bytes<E> {
         })?;
         if count == 0 || (count > 1 && !self.limits.leaf_fits(count, len)) {
             return Ok(None);
+        }
+        if let Some(v) = value.filter(|v| root && count == 1 && v.len() <= CELL_MAX_VALUE) {
+            let p = self.nsm.alloc(cell_bytes(key.len(), cell_words(v.len())))?;
+            // SAFETY: `p` was just allocated and is not published yet.
+            if let Err(e) = unsafe { write_cell(&self.pool, p, key, v) } {
+                // SAFETY: `p` came from this allocator and was never published.
+                let _ = unsafe { self.nsm.free(p) };
+                return Err(e);
+            }
+            return Ok(Some((true, Some(p))));
         }
         let p = self.nsm.alloc(len)?;
         // SAFETY: `p` was just allocated and is not published yet.
@@ -394,7 +459,7 @@ impl<E: Index> Bytes<E> {
         for _ in 0..tree::MAX_DEPTH {
             // SAFETY: `p` was reached from the index while pinned (Node::at's contract).
             match unsafe { Node::at(&self.pool, p)? } {
-                Node::Leaf(_) => return Ok(Some(p.raw())),
+                Node::Leaf(_) | Node::Cell(_) => return Ok(Some(p.raw())),
                 Node::Inner(n) => p = n.child(n.find_child(key)?)?,
             }
         }
@@ -411,7 +476,7 @@ impl<E: Index> Bytes<E> {
         for height in 0..tree::MAX_DEPTH {
             // SAFETY: `p` was reached from the index while pinned (Node::at's contract).
             match unsafe { Node::at(&self.pool, p)? } {
-                Node::Leaf(_) => return Ok(Some(height)),
+                Node::Leaf(_) | Node::Cell(_) => return Ok(Some(height)),
                 Node::Inner(n) => p = n.child(0)?,
             }
         }
@@ -527,6 +592,12 @@ impl<E: Index> Bytes<E> {
     ) -> Result<PPtr> {
         // SAFETY: `node` is linked under `x`, whose stripe lock we hold (Node::at's contract).
         let copy = match unsafe { Node::at(&self.pool, node)? } {
+            Node::Cell(c) => {
+                return Err(Error::corrupted(
+                    LAYER,
+                    format!("cell {} below an inner node (cells are roots only)", c.at_ptr()),
+                ))
+            }
             Node::Leaf(r) => {
                 let len = r.len();
                 let p = fresh.alloc(len)?;

@@ -10,8 +10,10 @@
 //!    an old bucket unlinked but not yet freed, a free that had not run — return to the
 //!    allocator. NSM persists nothing for small blocks, so this is all recovery has to do.
 //!
-//! Steps 3–4 change nothing persistent but page descriptors of wholly free pages, so a crash
-//! during recovery just runs it again.
+//! Step 3 also repairs a cell whose in-place rewrite a crash interrupted (its version names a
+//! slot not completely written: the version goes back one, `crate::cell`). That and step 4
+//! change nothing persistent but such cells and page descriptors of wholly free pages, and
+//! both are idempotent, so a crash during recovery just runs it again.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use numakv_index::{
 use numakv_pmem::alloc::nsm::{Nsm, NsmMode};
 use numakv_pmem::{PPtr, Pool};
 
-use crate::layout::{check_key, index_key, BYTES_META, LAYER, OWNER_BYTES, SLOT_META};
+use crate::layout::{check_key, index_key, Node, BYTES_META, LAYER, OWNER_BYTES, SLOT_META};
 use crate::ops::Stripes;
 use crate::tree::{self, TreeLimits};
 use crate::Bytes;
@@ -79,8 +81,15 @@ pub(crate) fn open<E: Engine>(
     let (index, raw) = E::open(Arc::clone(&pool), opts)?;
     let roots = walk(&index)?;
     let mut nodes = Vec::with_capacity(roots.len());
+    let mut cells_repaired = 0u64;
     for &(_, p) in &roots {
         // SAFETY: nothing runs concurrently with recovery; `p` is linked in the index.
+        if let Node::Cell(c) = unsafe { Node::at(&pool, p)? } {
+            // A crash during an in-place rewrite: back to the previous, complete version.
+            // SAFETY: as above.
+            cells_repaired += u64::from(unsafe { c.repair(&pool)? });
+        }
+        // SAFETY: as above.
         unsafe { tree::collect_nodes(&pool, p, &mut nodes)? };
     }
     let (nsm, rec) =
@@ -89,6 +98,7 @@ pub(crate) fn open<E: Engine>(
     counters.extend([
         ("bytes_prefixes", roots.len() as u64),
         ("bytes_nodes", nodes.len() as u64),
+        ("bytes_cells_repaired", cells_repaired),
         ("bytes_extents_freed", rec.pages_freed + rec.large_freed),
     ]);
     let report = RecoveryReport { was_clean: raw.was_clean, elapsed: t0.elapsed(), counters };

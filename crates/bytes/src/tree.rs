@@ -65,25 +65,44 @@ fn corrupted(what: impl std::fmt::Display) -> Error {
     Error::corrupted(LAYER, what.to_string())
 }
 
-/// The value of `key` in the tree at `root`.
+/// The value of `key` in the tree at `root`, copied into `out`; `false` when absent.
 ///
 /// # Safety
 /// As for [`Node::at`]: `root` was read from the index while pinned, or under the stripe lock.
-pub(crate) unsafe fn lookup<'g>(
-    pool: &'g Pool,
+pub(crate) unsafe fn lookup(
+    pool: &Pool,
     root: PPtr,
     key: &[u8],
-) -> Result<Option<&'g [u8]>> {
+    out: &mut Vec<u8>,
+) -> Result<bool> {
     let mut p = root;
     for _ in 0..MAX_DEPTH {
         // SAFETY: forwarded contract; a child read from a reachable node is reachable.
         match unsafe { Node::at(pool, p)? } {
-            Node::Leaf(r) => return r.find(key),
+            Node::Leaf(r) => {
+                return Ok(r
+                    .find(key)?
+                    .map(|v| {
+                        out.clear();
+                        out.extend_from_slice(v);
+                    })
+                    .is_some())
+            }
+            Node::Cell(c) => {
+                if c.key() != key {
+                    return Ok(false);
+                }
+                c.value_into(out)?;
+                return Ok(true);
+            }
             Node::Inner(n) => p = n.child(n.find_child(key)?)?,
         }
     }
     Err(corrupted(format_args!("tree at {root} deeper than {MAX_DEPTH}")))
 }
+
+/// A walk's visitor: gets each pair (borrowed for the call only) and says what comes next.
+pub(crate) type Visit<'v> = dyn FnMut(&[u8], &[u8]) -> Result<Flow> + 'v;
 
 /// What a walk's visitor wants next.
 pub(crate) enum Flow {
@@ -95,14 +114,15 @@ pub(crate) enum Flow {
 /// ascending, until `visit` stops. Returns `true` when it ran off the end of the tree.
 ///
 /// # Safety
-/// As for [`lookup`], and the caller stays pinned while it uses the visited slices.
+/// As for [`lookup`], and the caller stays pinned during the walk.
 pub(crate) unsafe fn walk<'g>(
     pool: &'g Pool,
     root: PPtr,
     from: &[u8],
     exclusive: bool,
-    visit: &mut dyn FnMut(&'g [u8], &'g [u8]) -> Result<Flow>,
+    visit: &mut Visit<'_>,
 ) -> Result<bool> {
+    let mut value = Vec::new();
     let mut stack: Vec<(Inner<'g>, usize)> = Vec::new();
     let mut p = root;
     // Until the first leaf, descend towards `from`; afterwards every key is past it.
@@ -117,6 +137,20 @@ pub(crate) unsafe fn walk<'g>(
                 let i = if seeking { n.find_child(from)? } else { 0 };
                 p = n.child(i)?;
                 stack.push((n, i));
+            }
+            Node::Cell(c) => {
+                // A root holding one pair, its value copied under the version's sequence lock.
+                let k = c.key();
+                if !stack.is_empty() {
+                    return Err(corrupted(format_args!("tree at {root}: cell {p} below a node")));
+                }
+                if !(seeking && (k < from || (exclusive && k == from))) {
+                    c.value_into(&mut value)?;
+                    if let Flow::Stop = visit(k, &value)? {
+                        return Ok(false);
+                    }
+                }
+                return Ok(true);
             }
             Node::Leaf(r) => {
                 for e in r.entries() {
@@ -205,6 +239,18 @@ pub(crate) unsafe fn check_tree(
         };
         // SAFETY: forwarded contract.
         match unsafe { Node::at(pool, p)? } {
+            Node::Cell(c) => {
+                if depth > 0 {
+                    return Err(corrupted(format_args!(
+                        "tree at {root}: cell {p} at depth {depth} (cells are roots only)"
+                    )));
+                }
+                c.check()?;
+                key_ok(c.key())?;
+                shape.leaves += 1;
+                shape.entries += 1;
+                leaf_depth = Some(0);
+            }
             Node::Leaf(r) => {
                 shape.leaves += 1;
                 if *leaf_depth.get_or_insert(depth) != depth {
