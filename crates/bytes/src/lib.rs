@@ -62,6 +62,7 @@ use numakv_index::{CheckReport, Engine, EngineStats, Index, RecoveryReport, Resu
 use numakv_pmem::alloc::nsm::Nsm;
 use numakv_pmem::{EngineId, Pool};
 
+pub use crate::cell::CELL_MAX_VALUE;
 pub use crate::layout::{MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::scan::{prefix_end, Scan};
 pub use crate::tree::TreeLimits;

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use numakv_pmem::alloc::nsm::Nsm;
 
-use crate::cell::{cell_bytes, cell_words, write_cell, CELL_MAX_VALUE};
+use crate::cell::{cell_bytes, cell_words, write_cell};
 use crate::layout::{
     check_key, check_value, entry_bytes, index_key, inner_bytes, write_inner, write_record, Inner,
     Node, Record, HEADER_BYTES, LAYER,
@@ -295,7 +295,7 @@ impl<E: Index> Bytes<E> {
             // The common case: one leaf replaces one leaf, nothing above changes shape.
             let (p, built) = match value.filter(|_| count == 1 && path.is_empty()) {
                 // A root of one pair (the pair written) becomes a cell when the value is small.
-                Some(v) if v.len() <= CELL_MAX_VALUE => {
+                Some(v) if self.limits.cell_for(v) => {
                     let p = self.nsm.alloc(cell_bytes(key.len(), cell_words(v.len())))?;
                     // SAFETY: `p` was just allocated and is not published yet.
                     (p, unsafe { write_cell(&self.pool, p, key, v) })
@@ -455,7 +455,7 @@ impl<E: Index> Bytes<E> {
         if count == 0 || (count > 1 && !self.limits.leaf_fits(count, len)) {
             return Ok(None);
         }
-        if let Some(v) = value.filter(|v| root && count == 1 && v.len() <= CELL_MAX_VALUE) {
+        if let Some(v) = value.filter(|v| root && count == 1 && self.limits.cell_for(v)) {
             let p = self.nsm.alloc(cell_bytes(key.len(), cell_words(v.len())))?;
             // SAFETY: `p` was just allocated and is not published yet.
             if let Err(e) = unsafe { write_cell(&self.pool, p, key, v) } {

@@ -76,8 +76,13 @@ pub fn value_from(b: &[u8]) -> Option<u64> {
 /// Split limits of the kit's stores: two entries per leaf and two children per inner node, so
 /// that the four keys of one prefix already form a tree of leaves and inner nodes, and the
 /// shared kit's crashes and races land in splits, path copies and removals.
-pub const TINY: TreeLimits =
-    TreeLimits { leaf_entries: 2, leaf_bytes: 1024, inner_children: 2, inner_bytes: 4096 };
+pub const TINY: TreeLimits = TreeLimits {
+    leaf_entries: 2,
+    leaf_bytes: 1024,
+    inner_children: 2,
+    inner_bytes: 4096,
+    cell_value: crate::CELL_MAX_VALUE,
+};
 
 /// The split limits of the codec's stores: [`TINY`], unless `NUMAKV_KIT_TINY_TREES=0` asks for
 /// the default ones (where the codec's four keys per prefix stay one leaf). With [`TINY`] the
@@ -92,9 +97,15 @@ fn codec_limits() -> TreeLimits {
     }
 }
 
-/// Small limits for the byte-native oracles: trees several levels deep from a few hundred keys.
-pub const SMALL: TreeLimits =
-    TreeLimits { leaf_entries: 3, leaf_bytes: 300, inner_children: 3, inner_bytes: 400 };
+/// Small limits for the byte-native oracles: trees several levels deep from a few hundred keys,
+/// and no cells, so that a prefix's root of one pair is also tested as a record.
+pub const SMALL: TreeLimits = TreeLimits {
+    leaf_entries: 3,
+    leaf_bytes: 300,
+    inner_children: 3,
+    inner_bytes: 400,
+    cell_value: 0,
+};
 
 /// A [`Bytes<E>`] seen as a `u64` [`Engine`] through [`key_of`] / [`value_of`], so that the
 /// shared kit drives the byte layer.

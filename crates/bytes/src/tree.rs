@@ -13,6 +13,7 @@
 use numakv_index::{Error, Result};
 use numakv_pmem::{PPtr, Pool};
 
+use crate::cell::CELL_MAX_VALUE;
 use crate::layout::{
     entry_bytes, inner_bytes, inner_fixed_bytes, separator, Inner, Node, Record, HEADER_BYTES,
     LAYER,
@@ -34,13 +35,25 @@ pub struct TreeLimits {
     pub inner_children: usize,
     /// Most bytes in an inner node (an inner node of two children stays whole).
     pub inner_bytes: usize,
+    /// Longest value a prefix's root of one pair keeps in a *cell* (rewritten in place with
+    /// one fence, two value slots of the value's size; at most [`CELL_MAX_VALUE`]); `0`: no
+    /// cells, every write of such a pair copies a record (half the space for small values,
+    /// a second fence and a deferred free per write).
+    pub cell_value: usize,
 }
 
 impl Default for TreeLimits {
     /// 16 entries or 1 KiB per leaf (a rewrite copies at most ~16 lines of small pairs), 64
-    /// children or 4 KiB per inner node (three levels hold ~2 M keys of a prefix).
+    /// children or 4 KiB per inner node (three levels hold ~2 M keys of a prefix), cells for
+    /// values up to 1 KiB.
     fn default() -> TreeLimits {
-        TreeLimits { leaf_entries: 16, leaf_bytes: 1024, inner_children: 64, inner_bytes: 4096 }
+        TreeLimits {
+            leaf_entries: 16,
+            leaf_bytes: 1024,
+            inner_children: 64,
+            inner_bytes: 4096,
+            cell_value: CELL_MAX_VALUE,
+        }
     }
 }
 
@@ -53,7 +66,18 @@ impl TreeLimits {
                 self.leaf_entries, self.inner_children
             )));
         }
+        if self.cell_value > CELL_MAX_VALUE {
+            return Err(Error::InvalidOptions(format!(
+                "bytes tree limits: cell_value must be ≤ {CELL_MAX_VALUE} (got {})",
+                self.cell_value
+            )));
+        }
         Ok(())
+    }
+
+    /// Whether a root of the one pair `(_, value)` is written as a cell.
+    pub(crate) fn cell_for(&self, value: &[u8]) -> bool {
+        value.len() <= self.cell_value.min(CELL_MAX_VALUE) && self.cell_value > 0
     }
 
     pub(crate) fn leaf_fits(&self, count: usize, len: usize) -> bool {

@@ -103,8 +103,9 @@ fn readers_racing_rewrites_get_whole_values() {
     let pool = Pool::volatile(PoolConfig::new(numakv_bytes::engine_id::<NbTree>(), 64 << 20))
         .expect("pool");
     let b = Bytes::<NbTree>::create(pool, &Default::default()).expect("create");
+    // Fill f has length lens[f % 5]; the first value (fill 0) sizes the cell for 100 bytes.
     let lens = [100usize, 7, 63, 0, 98];
-    b.put(KEY, &value(1, 100)).expect("put");
+    b.put(KEY, &value(0, 100)).expect("put");
     let cell = b.leaf_of(KEY).expect("leaf_of");
     let stop = AtomicBool::new(false);
     let reads = AtomicU64::new(0);
@@ -220,4 +221,23 @@ fn a_reader_overtaken_by_two_rewrites_copies_again() {
         pause.release();
         assert_eq!(r.join().expect("reader"), Some(value(3, 50)), "the reader kept a stale copy");
     });
+}
+
+/// With `cell_value: 0` a prefix's root of one pair is a record, copied on every write.
+#[test]
+fn cells_can_be_turned_off() {
+    let pool = Pool::volatile(PoolConfig::new(numakv_bytes::engine_id::<FastFair>(), 64 << 20))
+        .expect("pool");
+    let mut b = Bytes::<FastFair>::create(pool, &Default::default()).expect("create");
+    let mut limits = b.tree_limits();
+    limits.cell_value = numakv_bytes::CELL_MAX_VALUE + 1;
+    assert!(b.set_tree_limits(limits).is_err(), "a cell capacity beyond the maximum");
+    limits.cell_value = 0;
+    b.set_tree_limits(limits).expect("limits");
+    b.put(KEY, b"one").expect("put");
+    let first = b.leaf_of(KEY).expect("leaf_of");
+    b.put(KEY, b"two").expect("put");
+    assert_ne!(b.leaf_of(KEY).expect("leaf_of"), first, "written in place without cells");
+    assert_eq!(b.get(KEY).expect("get"), Some(b"two".to_vec()));
+    b.check().expect("check");
 }

@@ -78,6 +78,7 @@ fn leaf_writers_of_one_prefix_run_in_parallel_without_losing_updates() {
         leaf_bytes: 1024,
         inner_children: 4,
         inner_bytes: 4096,
+        cell_value: numakv_bytes::CELL_MAX_VALUE,
     })
     .expect("limits");
     let n = 64;
