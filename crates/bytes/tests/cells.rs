@@ -190,9 +190,11 @@ fn a_rewrite_is_invisible_until_the_version_moves() {
         let b = &b;
         let w = t.spawn(move || b.put(KEY, &value(2, 100)).expect("put"));
         pause.wait_parked();
-        assert_eq!(b.get(KEY).expect("get"), Some(value(1, 100)), "a half-done rewrite showed");
+        let during = b.get(KEY).expect("get");
+        // Checked after the release: a failed assertion here would leave the writer parked.
         pause.release();
         w.join().expect("writer");
+        assert_eq!(during, Some(value(1, 100)), "a half-done rewrite showed");
     });
     assert_eq!(b.get(KEY).expect("get"), Some(value(2, 100)));
 }
@@ -239,5 +241,36 @@ fn cells_can_be_turned_off() {
     b.put(KEY, b"two").expect("put");
     assert_ne!(b.leaf_of(KEY).expect("leaf_of"), first, "written in place without cells");
     assert_eq!(b.get(KEY).expect("get"), Some(b"two".to_vec()));
+    b.check().expect("check");
+}
+
+/// A rewrite parked after filling its slot (holding the prefix's stripe lock) while a second
+/// key of the same prefix is inserted: the insert, which turns the cell into a record, waits for
+/// the rewrite and carries its value over — it does not copy the cell's old value (a lost
+/// update) or free the cell under the parked writer.
+#[test]
+fn an_insert_into_a_cells_prefix_waits_for_a_rewrite_in_progress() {
+    let sc = Scenario::setup();
+    let pool = Pool::volatile(PoolConfig::new(numakv_bytes::engine_id::<FastFair>(), 64 << 20))
+        .expect("pool");
+    let b = Bytes::<FastFair>::create(pool, &Default::default()).expect("create");
+    b.put(KEY, &value(1, 100)).expect("put");
+    let other = b"user:0000000002";
+    let pause = sc.pause("bytes.cell.slot_written");
+    std::thread::scope(|t| {
+        let b = &b;
+        let w = t.spawn(move || b.put(KEY, &value(2, 100)).expect("put"));
+        pause.wait_parked();
+        let i = t.spawn(move || b.insert(other, b"two").expect("insert"));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Checked after the release: a failed assertion here would leave the writer parked.
+        let waited = !i.is_finished();
+        pause.release();
+        w.join().expect("writer");
+        assert!(i.join().expect("inserter"), "insert of an absent key");
+        assert!(waited, "the insert did not wait for the rewrite holding the prefix");
+    });
+    assert_eq!(b.get(KEY).expect("get"), Some(value(2, 100)), "the rewrite was lost");
+    assert_eq!(b.get(other).expect("get"), Some(b"two".to_vec()));
     b.check().expect("check");
 }
