@@ -279,6 +279,68 @@ pub(crate) fn entry_bytes(key: &[u8], value: &[u8]) -> usize {
     ENTRY_HEADER_BYTES + key.len() + value.len()
 }
 
+/// A record built in DRAM (header and entries), written to its block with one copy: the
+/// entries are produced once (a merge of a leaf with the written pair runs one pass, not one to
+/// size the record and another to write it) and PM sees one write instead of three per entry.
+pub(crate) struct RecordImage {
+    buf: Vec<u8>,
+    count: u32,
+}
+
+impl RecordImage {
+    /// An empty record with room for `capacity` bytes.
+    pub(crate) fn with_capacity(capacity: usize) -> RecordImage {
+        let mut buf = Vec::with_capacity(capacity.max(HEADER_BYTES));
+        buf.resize(HEADER_BYTES, 0);
+        RecordImage { buf, count: 0 }
+    }
+
+    /// Appends an entry (keys must come in ascending order; the caller's merge ensures it).
+    pub(crate) fn push(&mut self, k: &[u8], v: &[u8]) {
+        self.buf.extend_from_slice(&(k.len() as u16).to_le_bytes());
+        self.buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(k);
+        self.buf.extend_from_slice(v);
+        self.count += 1;
+    }
+
+    /// Entries so far.
+    pub(crate) fn count(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Bytes of the record, header included.
+    pub(crate) fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Writes the record into the fresh block `p` (at least [`RecordImage::len`] bytes), then
+    /// persists it.
+    ///
+    /// # Safety
+    /// `p` must be a block of at least `self.len()` bytes just allocated and not yet published:
+    /// no other thread reads or writes it.
+    pub(crate) unsafe fn write_to(&mut self, pool: &Pool, p: PPtr) -> Result<()> {
+        let len = self.buf.len();
+        self.buf[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        self.buf[4..8].copy_from_slice(&self.count.to_le_bytes());
+        self.buf[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        let dst = pool.bytes(p, len)?;
+        // SAFETY: `p` is unpublished and ours alone (the caller's contract); `write` bounds-checks
+        // the range against the `len` bytes of `dst`.
+        if self.count == 0 || !unsafe { dst.write(0, &self.buf) } {
+            return Err(Error::corrupted(
+                LAYER,
+                format!("record build: {len} bytes, {} entries", self.count),
+            ));
+        }
+        // PERSIST: the whole record is durable before the index points at it (the index's
+        // write, which follows, is durable when it returns): a reachable record is complete.
+        pool.persist(dst.as_ptr(), len);
+        Ok(())
+    }
+}
+
 /// Writes a record of `count` entries and `len` bytes into the fresh block `p`, the entries
 /// produced by `fill` (which gets a writer closure), then persists it.
 ///
@@ -292,40 +354,20 @@ pub(crate) unsafe fn write_record(
     count: u32,
     fill: impl FnOnce(&mut dyn FnMut(&[u8], &[u8])) -> Result<()>,
 ) -> Result<()> {
-    let dst = pool.bytes(p, len)?;
-    let mut h = [0u8; HEADER_BYTES];
-    h[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
-    h[4..8].copy_from_slice(&count.to_le_bytes());
-    h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    let mut off = HEADER_BYTES;
-    let mut ok = true;
-    let mut n = 0u32;
-    // SAFETY: `p` is unpublished and ours alone (the caller's contract); `write` bounds-checks
-    // the range against the `len` bytes of `dst`. The same holds for the writes below.
-    ok &= unsafe { dst.write(0, &h) };
-    fill(&mut |k: &[u8], v: &[u8]| {
-        let mut eh = [0u8; ENTRY_HEADER_BYTES];
-        eh[0..2].copy_from_slice(&(k.len() as u16).to_le_bytes());
-        eh[2..6].copy_from_slice(&(v.len() as u32).to_le_bytes());
-        // SAFETY: as above.
-        unsafe {
-            ok &= dst.write(off, &eh);
-            ok &= dst.write(off + ENTRY_HEADER_BYTES, k);
-            ok &= dst.write(off + ENTRY_HEADER_BYTES + k.len(), v);
-        }
-        off += entry_bytes(k, v);
-        n += 1;
-    })?;
-    if !ok || off != len || n != count {
+    let mut image = RecordImage::with_capacity(len);
+    fill(&mut |k: &[u8], v: &[u8]| image.push(k, v))?;
+    if image.len() != len || image.count() != count as usize {
         return Err(Error::corrupted(
             LAYER,
-            format!("record build: {off} of {len} bytes, {n} of {count} entries"),
+            format!(
+                "record build: {} of {len} bytes, {} of {count} entries",
+                image.len(),
+                image.count()
+            ),
         ));
     }
-    // PERSIST: the whole record is durable before the index points at it (the index's write,
-    // which follows, is durable when it returns): a reachable record is always complete.
-    pool.persist(dst.as_ptr(), len);
-    Ok(())
+    // SAFETY: forwarded contract; the image is `len` bytes.
+    unsafe { image.write_to(pool, p) }
 }
 
 /// A published inner node of a prefix's tree, read in place. Its header, separator offsets and

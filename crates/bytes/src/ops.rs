@@ -29,7 +29,7 @@ use numakv_pmem::alloc::nsm::Nsm;
 use crate::cell::{cell_bytes, cell_words, write_cell};
 use crate::layout::{
     check_key, check_value, entry_bytes, index_key, inner_bytes, write_inner, write_record, Inner,
-    Node, Record, HEADER_BYTES, LAYER,
+    Node, Record, RecordImage, HEADER_BYTES, LAYER,
 };
 use crate::tree;
 use crate::Bytes;
@@ -284,13 +284,12 @@ impl<E: Index> Bytes<E> {
             return Ok(false);
         }
         // The merged leaf: the old entries with `key` replaced (or dropped), `key` inserted in
-        // order. Sized first, without a DRAM copy of the entries.
-        let mut len = HEADER_BYTES;
-        let mut count = 0usize;
-        tree::merged(leaf.as_ref(), key, value, &mut |k, v| {
-            len += entry_bytes(k, v);
-            count += 1;
-        })?;
+        // order, built in DRAM in one pass (a split takes its pieces from the entries below).
+        let extra = value.map_or(0, |v| entry_bytes(key, v));
+        let mut image =
+            RecordImage::with_capacity(leaf.as_ref().map_or(HEADER_BYTES, Record::len) + extra);
+        tree::merged(leaf.as_ref(), key, value, &mut |k, v| image.push(k, v))?;
+        let (count, len) = (image.count(), image.len());
         if count > 0 && (count == 1 || self.limits.leaf_fits(count, len)) {
             // The common case: one leaf replaces one leaf, nothing above changes shape.
             let (p, built) = match value.filter(|_| count == 1 && path.is_empty()) {
@@ -302,13 +301,8 @@ impl<E: Index> Bytes<E> {
                 }
                 _ => {
                     let p = self.nsm.alloc(len)?;
-                    // SAFETY: `p` was just allocated and is not published yet.
-                    let built = unsafe {
-                        write_record(&self.pool, p, len, count as u32, |emit| {
-                            tree::merged(leaf.as_ref(), key, value, &mut |k, v| emit(k, v))
-                        })
-                    };
-                    (p, built)
+                    // SAFETY: `p` was just allocated (`len` bytes) and is not published yet.
+                    (p, unsafe { image.write_to(&self.pool, p) })
                 }
             };
             // ORDERING/PERSIST: the leaf is durable (write_record persisted it) before the slot
@@ -446,12 +440,11 @@ impl<E: Index> Bytes<E> {
         if !proceed {
             return Ok(Some((false, None)));
         }
-        let mut len = HEADER_BYTES;
-        let mut count = 0usize;
-        tree::merged(Some(leaf), key, value, &mut |k, v| {
-            len += entry_bytes(k, v);
-            count += 1;
-        })?;
+        // The merged leaf, built in DRAM in one pass (then sized, and written with one copy).
+        let extra = value.map_or(0, |v| entry_bytes(key, v));
+        let mut image = RecordImage::with_capacity(leaf.len() + extra);
+        tree::merged(Some(leaf), key, value, &mut |k, v| image.push(k, v))?;
+        let (count, len) = (image.count(), image.len());
         if count == 0 || (count > 1 && !self.limits.leaf_fits(count, len)) {
             return Ok(None);
         }
@@ -466,12 +459,8 @@ impl<E: Index> Bytes<E> {
             return Ok(Some((true, Some(p))));
         }
         let p = self.nsm.alloc(len)?;
-        // SAFETY: `p` was just allocated and is not published yet.
-        let built = unsafe {
-            write_record(&self.pool, p, len, count as u32, |emit| {
-                tree::merged(Some(leaf), key, value, &mut |k, v| emit(k, v))
-            })
-        };
+        // SAFETY: `p` was just allocated (`len` bytes) and is not published yet.
+        let built = unsafe { image.write_to(&self.pool, p) };
         if let Err(e) = built {
             // SAFETY: `p` came from this allocator and was never published.
             let _ = unsafe { self.nsm.free(p) };
