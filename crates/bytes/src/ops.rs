@@ -283,34 +283,14 @@ impl<E: Index> Bytes<E> {
         if !proceed {
             return Ok(false);
         }
-        // The merged leaf: the old entries with `key` replaced (or dropped), `key` inserted in
-        // order, built in DRAM in one pass (a split takes its pieces from the entries below).
-        let extra = value.map_or(0, |v| entry_bytes(key, v));
-        let mut image =
-            RecordImage::with_capacity(leaf.as_ref().map_or(HEADER_BYTES, Record::len) + extra);
-        tree::merged(leaf.as_ref(), key, value, &mut |k, v| image.push(k, v))?;
-        let (count, len) = (image.count(), image.len());
-        if count > 0 && (count == 1 || self.limits.leaf_fits(count, len)) {
+        if let Some(p) = self.build_leaf(leaf.as_ref(), key, value, present, path.is_empty())? {
             // The common case: one leaf replaces one leaf, nothing above changes shape.
-            let (p, built) = match value.filter(|_| count == 1 && path.is_empty()) {
-                // A root of one pair (the pair written) becomes a cell when the value is small.
-                Some(v) if self.limits.cell_for(v) => {
-                    let p = self.nsm.alloc(cell_bytes(key.len(), cell_words(v.len())))?;
-                    // SAFETY: `p` was just allocated and is not published yet.
-                    (p, unsafe { write_cell(&self.pool, p, key, v) })
-                }
-                _ => {
-                    let p = self.nsm.alloc(len)?;
-                    // SAFETY: `p` was just allocated (`len` bytes) and is not published yet.
-                    (p, unsafe { image.write_to(&self.pool, p) })
-                }
-            };
-            // ORDERING/PERSIST: the leaf is durable (write_record persisted it) before the slot
+            // ORDERING/PERSIST: the leaf is durable (build_leaf persisted it) before the slot
             // store or the engine's upsert makes it reachable.
-            let linked = built.and_then(|()| match path.last() {
+            let linked = match path.last() {
                 Some((parent, i)) => self.publish_in_place(parent, *i, p),
                 None => self.index.upsert(x, p.raw()),
-            });
+            };
             if let Err(e) = linked {
                 // Never published: nobody can hold it, free it now.
                 // SAFETY: `p` came from this allocator and was never linked.
@@ -440,33 +420,50 @@ impl<E: Index> Bytes<E> {
         if !proceed {
             return Ok(Some((false, None)));
         }
-        // The merged leaf, built in DRAM in one pass (then sized, and written with one copy).
-        let extra = value.map_or(0, |v| entry_bytes(key, v));
-        let mut image = RecordImage::with_capacity(leaf.len() + extra);
-        tree::merged(Some(leaf), key, value, &mut |k, v| image.push(k, v))?;
-        let (count, len) = (image.count(), image.len());
-        if count == 0 || (count > 1 && !self.limits.leaf_fits(count, len)) {
-            return Ok(None);
-        }
-        if let Some(v) = value.filter(|v| root && count == 1 && self.limits.cell_for(v)) {
-            let p = self.nsm.alloc(cell_bytes(key.len(), cell_words(v.len())))?;
-            // SAFETY: `p` was just allocated and is not published yet.
-            if let Err(e) = unsafe { write_cell(&self.pool, p, key, v) } {
-                // SAFETY: `p` came from this allocator and was never published.
-                let _ = unsafe { self.nsm.free(p) };
-                return Err(e);
+        Ok(self.build_leaf(Some(leaf), key, value, present, root)?.map(|p| (true, Some(p))))
+    }
+
+    /// The leaf that replaces `leaf` (`None`: the prefix is new) after the write of `key`
+    /// (`value`; `None` deletes; `present`: whether `leaf` holds `key`), in a fresh block,
+    /// persisted, not published — or `None` when the merged entries are empty or must split.
+    /// A prefix's `root` that is the written pair alone becomes a cell (its value permitting),
+    /// without merging anything; otherwise the merged entries are built in DRAM in one pass and
+    /// written with one copy. On an error nothing stays allocated.
+    fn build_leaf(
+        &self,
+        leaf: Option<&Record<'_>>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        present: bool,
+        root: bool,
+    ) -> Result<Option<PPtr>> {
+        let alone = leaf.map_or(true, |r| r.count() == 1 && present);
+        let (p, built) = match value.filter(|v| root && alone && self.limits.cell_for(v)) {
+            Some(v) => {
+                let p = self.nsm.alloc(cell_bytes(key.len(), cell_words(v.len())))?;
+                // SAFETY: `p` was just allocated and is not published yet.
+                (p, unsafe { write_cell(&self.pool, p, key, v) })
             }
-            return Ok(Some((true, Some(p))));
-        }
-        let p = self.nsm.alloc(len)?;
-        // SAFETY: `p` was just allocated (`len` bytes) and is not published yet.
-        let built = unsafe { image.write_to(&self.pool, p) };
+            None => {
+                let extra = value.map_or(0, |v| entry_bytes(key, v));
+                let mut image =
+                    RecordImage::with_capacity(leaf.map_or(HEADER_BYTES, Record::len) + extra);
+                tree::merged(leaf, key, value, &mut |k, v| image.push(k, v))?;
+                let (count, len) = (image.count(), image.len());
+                if count == 0 || (count > 1 && !self.limits.leaf_fits(count, len)) {
+                    return Ok(None);
+                }
+                let p = self.nsm.alloc(len)?;
+                // SAFETY: `p` was just allocated (`len` bytes) and is not published yet.
+                (p, unsafe { image.write_to(&self.pool, p) })
+            }
+        };
         if let Err(e) = built {
             // SAFETY: `p` came from this allocator and was never published.
             let _ = unsafe { self.nsm.free(p) };
             return Err(e);
         }
-        Ok(Some((true, Some(p))))
+        Ok(Some(p))
     }
 
     /// Where the leaf that holds `key`'s place lives (`None` when no key has its prefix): for

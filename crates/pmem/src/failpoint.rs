@@ -228,6 +228,15 @@ impl std::fmt::Debug for Scenario {
     }
 }
 
+/// Spawns a thread called `name`, for [`Scenario::pause_thread`] (which parks only the thread
+/// of that name).
+pub fn spawn_named<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::Builder::new().name(name.to_string()).spawn(f).expect("spawning a test thread")
+}
+
 impl Scenario {
     /// Waits for any other scenario of this process to end, then starts one.
     pub fn setup() -> Scenario {

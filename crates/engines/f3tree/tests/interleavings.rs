@@ -6,20 +6,13 @@
 //! to the process, so the tests of this file run one at a time.
 
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use numakv_f3tree::{Evaluators, F3Tree, F3TreeOptions};
 use numakv_index::{Engine, Error, Index};
-use numakv_pmem::failpoint::Scenario;
+use numakv_pmem::failpoint::{spawn_named, Scenario};
 use numakv_pmem::{OpenConfig, Pool, PoolConfig};
-
-fn spawn_named<T: Send + 'static>(
-    name: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> JoinHandle<T> {
-    thread::Builder::new().name(name.to_string()).spawn(f).unwrap()
-}
 
 fn counter(t: &F3Tree, name: &str) -> u64 {
     t.stats().counter(name).unwrap_or(0)

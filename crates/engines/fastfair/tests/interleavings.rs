@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use numakv_fastfair::{FastFair, FastFairOptions, RecoveryMode};
 use numakv_index::{Engine, Index};
-use numakv_pmem::failpoint::Scenario;
+use numakv_pmem::failpoint::{spawn_named, Scenario};
 use numakv_pmem::{CrashOptions, PersistMode, Pool, PoolConfig, SimMode};
 
 const NODE: usize = 256;
@@ -76,13 +76,6 @@ fn within_window<T: Send + 'static>(
 
 /// How long the operations inside a window may take (they take microseconds).
 const WINDOW: Duration = Duration::from_secs(10);
-
-fn spawn_named<T: Send + 'static>(
-    name: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> JoinHandle<T> {
-    thread::Builder::new().name(name.to_string()).spawn(f).unwrap()
-}
 
 /// A lock-free reader between reading a key and reading its value (`fastfair.leaf.key_read`)
 /// while a writer shifts that slot: a delete (left shift, direction change) and an insert (right

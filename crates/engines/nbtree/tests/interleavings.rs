@@ -9,12 +9,11 @@
 
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use numakv_index::{Engine, Index};
 use numakv_nbtree::{testing, NbTree, NbTreeOptions};
-use numakv_pmem::failpoint::Scenario;
+use numakv_pmem::failpoint::{spawn_named, Scenario};
 use numakv_pmem::{Pool, PoolConfig};
 
 /// A tree of `slots`-entry leaves in a volatile pool.
@@ -27,13 +26,6 @@ fn tree_shaped(slots: usize, coupled: bool) -> Arc<NbTree> {
     let pool = Pool::volatile(PoolConfig::new(NbTree::engine_id(), 64 << 20)).unwrap();
     let opts = NbTreeOptions { leaf_slots: slots, coupled, ..Default::default() };
     Arc::new(NbTree::create(pool, &opts).unwrap())
-}
-
-fn spawn_named<T: Send + 'static>(
-    name: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> JoinHandle<T> {
-    thread::Builder::new().name(name.to_string()).spawn(f).unwrap()
 }
 
 /// R1: an update's value store that is still in the store buffer when it reads the SMO state.
