@@ -315,6 +315,8 @@ impl LeafMeta {
                 return;
             }
             if t & TAG_BUSY != 0 {
+                // Test hook: a sealer waiting out a BUSY holder.
+                numakv_pmem::pause_point!("nbtree.smo.seal_wait");
                 std::hint::spin_loop();
                 continue;
             }
@@ -342,6 +344,15 @@ impl LeafMeta {
     /// [`LeafMeta::unsealed`], keeping only the state bits in `keep` (0: the slot becomes a
     /// direct write's).
     fn unsealed_with<R>(&self, i: usize, keep: u32, f: impl FnOnce() -> R) -> Option<R> {
+        let t = self.begin_unsealed(i)?;
+        let r = f();
+        self.end_unsealed(i, t, keep);
+        Some(r)
+    }
+
+    /// Takes slot `i`'s BUSY bit unless the slot is sealed (`None`); returns the tag it
+    /// replaced, for [`LeafMeta::end_unsealed`].
+    pub(crate) fn begin_unsealed(&self, i: usize) -> Option<u32> {
         let tag = &self.tags[i];
         loop {
             // ORDERING: Acquire; pairs with the Release of the previous holder.
@@ -355,16 +366,20 @@ impl LeafMeta {
                 std::hint::spin_loop();
                 continue;
             }
-            // ORDERING: Acquire on success, as the load above; as an RMW it is also the
-            // store-load fence of the seal handshake (see write_unsealed).
+            // ORDERING: Acquire on success, as the load above (the handshake with the seal is
+            // the total order of RMWs on this word).
             if tag.compare_exchange(t, t | TAG_BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                let r = f();
-                let kept = (t & !TAG_STATE) | (t & keep);
-                // ORDERING: Release; publishes what `f` wrote to the sealer's Acquire.
-                tag.store(kept.wrapping_add(TAG_VER), Ordering::Release);
-                return Some(r);
+                return Some(t);
             }
         }
+    }
+
+    /// Releases the BUSY bit [`LeafMeta::begin_unsealed`] took (`t`: the tag it returned),
+    /// keeping only the state bits in `keep`.
+    pub(crate) fn end_unsealed(&self, i: usize, t: u32, keep: u32) {
+        let kept = (t & !TAG_STATE) | (t & keep);
+        // ORDERING: Release; publishes what the section wrote to the sealer's Acquire.
+        self.tags[i].store(kept.wrapping_add(TAG_VER), Ordering::Release);
     }
 
     /// The tag state of slot `i` (COPY / SYNC / 0), waiting out a BUSY holder.

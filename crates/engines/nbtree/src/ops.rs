@@ -341,21 +341,30 @@ impl NbTree {
         g: &'g Guard,
     ) -> bool {
         let blk = self.blk(leaf.data);
-        // The R1 test's stand-in for a value store still in the store buffer: before the fix it
-        // delayed the (plain) store past the SMO check below, as x86-TSO may. Here the store is
-        // inside the BUSY section, which TSO cannot let it outlive (the tag's release is a later
-        // store), so the point has nothing to delay.
-        let _store_buffered = numakv_pmem::fail_point!("nbtree.update.store_buffered");
-        if !leaf.write_unsealed(&blk, i, value) {
-            return false;
+        // Test hook (tests/interleavings.rs): the value store and the tag's release are still
+        // in the store buffer — issued, not yet visible to other cores — where x86-TSO lets
+        // them be: past the loads that follow them, up to the next fence (none here).
+        let buffered = numakv_pmem::fail_point!("nbtree.update.store_buffered");
+        let Some(tag) = leaf.begin_unsealed(i) else { return false };
+        let store = || {
+            // ORDERING: Release; pairs with the Acquire loads of readers.
+            blk.entry(i).val.store(value, Ordering::Release);
+            leaf.end_unsealed(i, tag, 0);
+            // PERSIST: one flush per update (ADR).
+            self.pool.persist_obj(blk.entry(i));
+        };
+        if !buffered {
+            store();
         }
-        // PERSIST: one flush per update (ADR).
-        self.pool.persist_obj(blk.entry(i));
+        numakv_pmem::pause_point!("nbtree.update.stored");
         // What sync-on-write touches exists only because of an SMO: counted as the SMO's share
         // of PM accesses.
         let _acct = account::smo_scope();
         self.sync_on_write(leaf, i, key, g);
         numakv_pmem::pause_point!("nbtree.update.checked");
+        if buffered {
+            store(); // the store buffer drains
+        }
         true
     }
 

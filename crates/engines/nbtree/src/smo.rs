@@ -99,6 +99,7 @@ impl NbTree {
         if leaf.copy_ptr().is_null() {
             self.copy_phase(leaf, g)?;
         }
+        numakv_pmem::pause_point!("nbtree.smo.copied");
         self.pause();
         let nl = self.meta(leaf.copy_ptr(), g);
         if leaf.flags() & FLAG_SYNC == 0 {
