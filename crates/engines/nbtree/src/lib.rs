@@ -105,6 +105,13 @@ pub mod testing {
         tree.find_leaf(key, &g).num.load(Ordering::Relaxed)
     }
 
+    /// The key range `[low, high)` of the leaf that holds `key`'s range.
+    pub fn leaf_bounds(tree: &NbTree, key: u64) -> (u64, u64) {
+        let g = epoch::pin();
+        let leaf = tree.find_leaf(key, &g);
+        (leaf.low, leaf.high)
+    }
+
     /// (leaves, inner nodes) counted by walking the structure (at quiescence).
     pub fn count_nodes(tree: &NbTree) -> (u64, u64) {
         tree.count_nodes()
