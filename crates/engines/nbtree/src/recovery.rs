@@ -389,3 +389,73 @@ impl NbTree {
         unsafe { &*(p as *const Inner) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `check()` sees every level: each test breaks one invariant of a quiescent tree and
+    //! expects the check to name it, then restores it.
+
+    use std::sync::atomic::Ordering;
+
+    use numakv_index::{Engine, Index};
+    use numakv_pmem::{Pool, PoolConfig};
+
+    use crate::leaf::{FLAG_LIVE, NEXT_FROZEN};
+    use crate::{NbTree, NbTreeOptions};
+
+    /// Three inner levels over 4-slot leaves.
+    fn tall() -> NbTree {
+        let pool = Pool::volatile(PoolConfig::new(NbTree::engine_id(), 64 << 20)).unwrap();
+        let t =
+            NbTree::create(pool, &NbTreeOptions { leaf_slots: 4, ..Default::default() }).unwrap();
+        for k in 1..=20_000u64 {
+            assert!(t.insert(k * 7, k).unwrap());
+        }
+        let g = numakv_pmem::alloc::epoch::pin();
+        assert!(t.root_node(&g).level >= 3, "the test needs inner levels above 1");
+        drop(g);
+        t.check().unwrap();
+        t
+    }
+
+    fn fails_with(t: &NbTree, what: &str) {
+        let e = t.check().expect_err(what).to_string();
+        assert!(e.contains(what), "{e}");
+    }
+
+    #[test]
+    fn check_sees_every_inner_level_and_leaf_state() {
+        let t = tall();
+        let g = numakv_pmem::alloc::epoch::pin();
+        let root = t.root_node(&g);
+        // A separator of the root (a level ≥ 3 node).
+        let k0 = root.keys[0].load(Ordering::Relaxed);
+        root.keys[0].store(k0 + 1, Ordering::Relaxed);
+        fails_with(&t, "high key");
+        root.keys[0].store(k0, Ordering::Relaxed);
+        // The high key of a level-2 node.
+        let l2 = t.inner_ref(root.leftmost.load(Ordering::Relaxed));
+        let h = l2.high.load(Ordering::Relaxed);
+        l2.high.store(h - 1, Ordering::Relaxed);
+        fails_with(&t, "high key");
+        l2.high.store(h, Ordering::Relaxed);
+        // A level-1 separator set to 0 (used to be skipped).
+        let mut l1 = t.inner_ref(l2.leftmost.load(Ordering::Relaxed));
+        l1 = t.inner_ref(l1.sibling.load(Ordering::Relaxed) as usize);
+        let s = l1.keys[1].load(Ordering::Relaxed);
+        l1.keys[1].store(0, Ordering::Relaxed);
+        fails_with(&t, "separator");
+        l1.keys[1].store(s, Ordering::Relaxed);
+        // A leaf that is not live, and one with a tagged `next`.
+        let leaf = t.find_leaf(700, &g);
+        leaf.flags.fetch_and(!FLAG_LIVE, Ordering::Relaxed);
+        fails_with(&t, "SMO leftovers");
+        leaf.flags.fetch_or(FLAG_LIVE, Ordering::Relaxed);
+        let n = leaf.next.load(Ordering::Relaxed);
+        leaf.next.store((n as usize | NEXT_FROZEN) as *mut _, Ordering::Relaxed);
+        fails_with(&t, "tagged next");
+        leaf.next.store(n, Ordering::Relaxed);
+        drop(g);
+        t.check().unwrap();
+    }
+}
