@@ -514,6 +514,9 @@ impl NbTree {
                 self.smo(leaf, g)?;
                 drop(_w);
                 leaf = self.find_leaf(key, g);
+                while !leaf.live() {
+                    self.make_live(leaf, g)?; // a fresh descent writes live leaves only
+                }
                 continue;
             }
             let blk = self.blk(leaf.data);
