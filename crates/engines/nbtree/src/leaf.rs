@@ -22,13 +22,31 @@
 //! PM free of duplicate keys at every instant, so recovery never has to choose between two
 //! copies (docs/design.md "NBTree", insert).
 //!
+//! # The `next` word and the life of a new leaf
+//!
+//! ```text
+//! next  bits 3..64  pointer to the next leaf (8-aligned)
+//!       bit 0  FROZEN     this leaf's link phase has begun: `next` no longer changes
+//!       bit 1  UNPATCHED  (last new leaf of an SMO) the old leaf's `next` of copy time, not
+//!                         yet replaced by the old leaf's frozen `next`; never followed
+//!       bit 2  PATCHING   (with UNPATCHED) one link-phase thread is writing the patch
+//! ```
+//!
+//! A new leaf is born not LIVE ([`FLAG_LIVE`]) with `source` naming the old leaf; its SMO's
+//! link phase patches the last new leaf's `next` (UNPATCHED → PATCHING → the frozen pointer)
+//! before linking, and sets LIVE on the new leaves in the parent's transaction, before the old
+//! leaf's LINK. Only live leaves take direct writes and run SMOs of their own; a writer that
+//! reaches a leaf that is not live (along a predecessor's `next`) first finishes the old
+//! leaf's SMO through `source` (docs/design.md "NBTree", link phase).
+//!
 //! # Sync tags (`LeafMeta::tags`, one `u32` per slot)
 //!
 //! ```text
 //! bit 0  COPY   value copied by the copy phase, not yet synchronised or overwritten
 //! bit 1  SYNC   value synchronised from the old leaf (sync phase, sync-on-write, sync-on-read)
 //! bit 2  BUSY   one thread is storing the PM value of this slot under the tag
-//! bit 3  SEAL   this leaf's own SMO has begun its sync phase: no delete commits here any more
+//! bit 3  SEAL   this leaf's own SMO has begun its sync phase: no delete or update commits
+//!               here any more
 //! bits 4..32    version, bumped at every release (ABA guard)
 //! ```
 //!
@@ -76,6 +94,28 @@ const TAG_VER: u32 = 16;
 pub const FLAG_SYNC: u8 = 1;
 /// SMO flag: the link phase is complete (parent updated); the leaf is retired.
 pub const FLAG_LINK: u8 = 2;
+/// The leaf is live: created by `create` or recovery, or a new leaf of an SMO whose link phase
+/// is complete (set on both new leaves, in the parent's transaction, before the old leaf's
+/// LINK). Writes land directly only in live leaves, and only a live leaf runs an SMO of its own
+/// (docs/design.md "NBTree", link phase).
+pub const FLAG_LIVE: u8 = 4;
+
+/// `next` tag: the leaf's link phase has begun; its `next` no longer changes (a linker that
+/// finds it frozen helps this leaf's SMO and then links into its copy instead).
+pub const NEXT_FROZEN: usize = 1;
+/// `next` tag: on the last new leaf of an SMO, the `next` copied from the old leaf, not yet
+/// replaced by the old leaf's frozen `next` (the link phase's patch); never followed.
+pub const NEXT_UNPATCHED: usize = 2;
+/// `next` tag: with [`NEXT_UNPATCHED`], one link-phase thread is patching it.
+pub const NEXT_PATCHING: usize = 4;
+/// All tag bits of `next` (leaf metadata is 8-aligned).
+pub const NEXT_TAGS: usize = 7;
+
+/// The pointer in a `next` word, without its tags.
+#[inline]
+pub fn untag(p: *mut LeafMeta) -> *mut LeafMeta {
+    (p as usize & !NEXT_TAGS) as *mut LeafMeta
+}
 
 /// One leaf's metadata (DRAM).
 #[derive(Debug)]
@@ -102,8 +142,12 @@ pub struct LeafMeta {
     pub copy: AtomicPtr<LeafMeta>,
     /// SMO flags ([`FLAG_SYNC`], [`FLAG_LINK`]).
     pub flags: AtomicU8,
-    /// Next leaf in key order.
+    /// Next leaf in key order, tagged ([`NEXT_FROZEN`], [`NEXT_UNPATCHED`],
+    /// [`NEXT_PATCHING`]); read it with [`LeafMeta::next_ptr`].
     pub next: AtomicPtr<LeafMeta>,
+    /// For a new leaf of an SMO, the old leaf (immutable). Dereferenced only while this leaf
+    /// is not [`FLAG_LIVE`]: the old leaf is retired only after its LINK, which follows LIVE.
+    pub source: *mut LeafMeta,
     /// Slots filled by the copy phase that created this leaf (0 for other leaves): the only
     /// slots synchronisation may touch.
     pub copied: u32,
@@ -141,8 +185,9 @@ impl LeafMeta {
             low,
             high,
             copy: AtomicPtr::new(std::ptr::null_mut()),
-            flags: AtomicU8::new(0),
+            flags: AtomicU8::new(FLAG_LIVE),
             next: AtomicPtr::new(std::ptr::null_mut()),
+            source: std::ptr::null_mut(),
             copied: 0,
             src: [0; MAX_SLOTS],
             pair: std::ptr::null_mut(),
@@ -159,7 +204,7 @@ impl LeafMeta {
     /// True once the SMO bit is set.
     #[inline]
     pub fn in_smo(&self) -> bool {
-        // ORDERING: Acquire; pairs with the SeqCst fetch_or that sets the bit.
+        // ORDERING: Acquire; pairs with the AcqRel fetch_or that sets the bit.
         self.bitmap.load(Ordering::Acquire) & SMO_BIT != 0
     }
 
@@ -178,12 +223,23 @@ impl LeafMeta {
         self.flags.load(Ordering::Acquire)
     }
 
-    /// Next leaf.
+    /// Next leaf, untagged; null while the word is [`NEXT_UNPATCHED`] (a copied pointer that
+    /// may name a leaf retired since).
     #[inline]
     pub fn next_ptr(&self) -> *mut LeafMeta {
-        // ORDERING: SeqCst; the link phase's CAS on `next` and the copy phase's read of `next`
-        // form a Dekker pair with the SMO bit (docs/design.md "NBTree", link phase).
-        self.next.load(Ordering::SeqCst)
+        // ORDERING: Acquire; pairs with the SeqCst CAS of the link phase and the Release store
+        // of the patch (the leaf named is initialised).
+        let n = self.next.load(Ordering::Acquire);
+        if n as usize & NEXT_UNPATCHED != 0 {
+            return std::ptr::null_mut();
+        }
+        untag(n)
+    }
+
+    /// True once the leaf is live ([`FLAG_LIVE`]).
+    #[inline]
+    pub fn live(&self) -> bool {
+        self.flags() & FLAG_LIVE != 0
     }
 
     /// Committed slots (commit bits only).
@@ -247,23 +303,6 @@ impl LeafMeta {
         (e.key.load(Ordering::Acquire) == key).then_some(v)
     }
 
-    /// An update's direct write of `v` into slot `i`: inside the slot's BUSY section, and only
-    /// while the slot is unsealed (false when sealed: the leaf's SMO is in its sync phase, the
-    /// copy is authoritative, and nothing is stored). The tag state drops to 0 (a direct write:
-    /// the sync phase of the SMO that made this leaf never overwrites it).
-    ///
-    /// The tag CAS is the update's half of the handshake the sync phase's [`LeafMeta::seal`]
-    /// makes (deletes make it too): two RMWs on one word are totally ordered, so either this
-    /// section comes first — the sealer waits out BUSY and its later read of the slot sees `v`
-    /// — or the seal does, and the update stores nothing here. A plain store followed by the
-    /// update's load of the SMO state gave no such order (x86-TSO lets the load pass the
-    /// store): both sides could miss each other and the value die with the retired leaf (R1).
-    pub fn write_unsealed(&self, blk: &Block<'_>, i: usize, v: u64) -> bool {
-        // ORDERING: Release; pairs with the Acquire loads of readers.
-        let store = || blk.entry(i).val.store(v, Ordering::Release);
-        self.unsealed_with(i, 0, store).is_some()
-    }
-
     /// If slot `i`'s tag satisfies `cond`, takes it (BUSY), runs `store`, and releases it with
     /// state `state`; false when `cond` failed.
     pub fn tagged_store(
@@ -315,6 +354,8 @@ impl LeafMeta {
                 return;
             }
             if t & TAG_BUSY != 0 {
+                // Test hook: a sealer waiting out a BUSY holder.
+                numakv_pmem::pause_point!("nbtree.smo.seal_wait");
                 std::hint::spin_loop();
                 continue;
             }
@@ -342,6 +383,15 @@ impl LeafMeta {
     /// [`LeafMeta::unsealed`], keeping only the state bits in `keep` (0: the slot becomes a
     /// direct write's).
     fn unsealed_with<R>(&self, i: usize, keep: u32, f: impl FnOnce() -> R) -> Option<R> {
+        let t = self.begin_unsealed(i)?;
+        let r = f();
+        self.end_unsealed(i, t, keep);
+        Some(r)
+    }
+
+    /// Takes slot `i`'s BUSY bit unless the slot is sealed (`None`); returns the tag it
+    /// replaced, for [`LeafMeta::end_unsealed`].
+    pub(crate) fn begin_unsealed(&self, i: usize) -> Option<u32> {
         let tag = &self.tags[i];
         loop {
             // ORDERING: Acquire; pairs with the Release of the previous holder.
@@ -355,16 +405,20 @@ impl LeafMeta {
                 std::hint::spin_loop();
                 continue;
             }
-            // ORDERING: Acquire on success, as the load above; as an RMW it is also the
-            // store-load fence of the seal handshake (see write_unsealed).
+            // ORDERING: Acquire on success, as the load above (the handshake with the seal is
+            // the total order of RMWs on this word).
             if tag.compare_exchange(t, t | TAG_BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                let r = f();
-                let kept = (t & !TAG_STATE) | (t & keep);
-                // ORDERING: Release; publishes what `f` wrote to the sealer's Acquire.
-                tag.store(kept.wrapping_add(TAG_VER), Ordering::Release);
-                return Some(r);
+                return Some(t);
             }
         }
+    }
+
+    /// Releases the BUSY bit [`LeafMeta::begin_unsealed`] took (`t`: the tag it returned),
+    /// keeping only the state bits in `keep`.
+    pub(crate) fn end_unsealed(&self, i: usize, t: u32, keep: u32) {
+        let kept = (t & !TAG_STATE) | (t & keep);
+        // ORDERING: Release; publishes what the section wrote to the sealer's Acquire.
+        self.tags[i].store(kept.wrapping_add(TAG_VER), Ordering::Release);
     }
 
     /// The tag state of slot `i` (COPY / SYNC / 0), waiting out a BUSY holder.

@@ -22,13 +22,19 @@
 //!
 //! - **Lock-free (no step waits for another thread):** searches through the inner nodes
 //!   ([`inner::Inner::step`]: no version validation, no retry of a node — a writer parked in
-//!   the middle of a shift delays no reader); leaf searches, including sync-on-read; the SMO's
-//!   sync and link phases on the leaf level, which any thread can run or finish (cooperative
-//!   SMO, each hand-over one CAS).
+//!   the middle of a shift delays no reader); leaf searches outside SMOs; the SMO's sync phase
+//!   and the leaf-level part of its link phase, which any thread can run or finish
+//!   (cooperative SMO, each hand-over one CAS; a link phase that meets a predecessor whose own
+//!   link phase has begun finishes that SMO first). The parent update that ends a link phase
+//!   is an inner-node write (below): a writer that reaches a new leaf before it is live waits
+//!   for that, helping.
 //! - **Waits, each bounded by a few instructions of the thread waited for** (short unless that
 //!   thread is preempted; none of them waits for anything in turn):
 //!   - a slot's BUSY bit ([`leaf::LeafMeta::tagged_store`], `unsealed`, `seal`): held for one
-//!     value store or key CAS (two loads and a store for a sync);
+//!     value store or key CAS (two loads and a store for a sync); sync-on-read in the sync
+//!     phase takes it on the copy's slot, so a read of a leaf in its sync phase can wait here;
+//!   - the link phase's patch of the copy's `next` (`NEXT_PATCHING`): one PM store, its
+//!     persist and one DRAM store;
 //!   - the copy phase's wait for the pending bits ([`leaf::LeafMeta::wait_pending`]) and an
 //!     insert's wait for a same-fingerprint slot that is pending: a committed insert between
 //!     its commit CAS and the end of its key store and flush.
@@ -45,10 +51,14 @@
 //! # Pause and failure points (tests only, docs/design.md §12)
 //!
 //! `nbtree.find_leaf.child` (a descent holds a leaf read from its parent), `nbtree.insert.claim`
-//! (an insert before it claims a slot), `nbtree.update.store_buffered` (failure point: stand-in
-//! for an update's store still in the store buffer), `nbtree.update.checked` (an update after
-//! its sync-on-write), `nbtree.delete.redirected` (a delete of a sealed slot, done in the copy,
-//! not yet mirrored), `nbtree.smo.alloc` (failure point: the SMO's allocation fails),
+//! (an insert before it claims a slot), `nbtree.update.store_buffered` (failure point: the
+//! update's value store and tag release stay invisible — in the store buffer — until its
+//! fence; with no fence they would drain after `nbtree.update.checked`), `nbtree.update.stored`
+//! (an update after its store, before its fence and sync-on-write), `nbtree.update.checked` (an
+//! update after its sync-on-write), `nbtree.delete.redirected` (a delete of a sealed slot, done
+//! in the copy, not yet mirrored), `nbtree.smo.alloc` (failure point: the SMO's allocation
+//! fails), `nbtree.smo.copied` (the copy is published, the sync phase not begun),
+//! `nbtree.smo.seal_wait` (a sealer waits out a slot's BUSY holder; met on every spin),
 //! `nbtree.smo.sealed` (sync phase: slots sealed, pass not run), `nbtree.smo.linked_pred` (link
 //! phase: the predecessor points at the copy, the parent not yet), `nbtree.inner.shifted` (an
 //! inner-node insert with its entries shifted, the new one not yet written).
@@ -93,6 +103,13 @@ pub mod testing {
         let g = epoch::pin();
         // ORDERING: Relaxed; a test reads it at quiescence.
         tree.find_leaf(key, &g).num.load(Ordering::Relaxed)
+    }
+
+    /// The key range `[low, high)` of the leaf that holds `key`'s range.
+    pub fn leaf_bounds(tree: &NbTree, key: u64) -> (u64, u64) {
+        let g = epoch::pin();
+        let leaf = tree.find_leaf(key, &g);
+        (leaf.low, leaf.high)
     }
 
     /// (leaves, inner nodes) counted by walking the structure (at quiescence).
@@ -652,7 +669,13 @@ impl Drop for NbTree {
             // SAFETY: reachable leaves are owned by the tree (retired ones are unreachable from
             // the list and from copies of live leaves).
             let m = unsafe { &*p };
-            stack.push(m.next.load(Ordering::Relaxed));
+            // (An UNPATCHED `next` — a copy not linked yet — may name a retired leaf: skipped.)
+            stack.push(m.next_ptr());
+            if !m.live() {
+                // A new leaf reached before its SMO's link completed: the old leaf is not
+                // retired (that follows LIVE) and may be listed nowhere else.
+                stack.push(m.source);
+            }
             // A listed leaf with a copy has an unfinished SMO: its new leaves are not retired.
             // (`pair` of other leaves may name a leaf retired since, so it is not followed.)
             let c = m.copy.load(Ordering::Relaxed);

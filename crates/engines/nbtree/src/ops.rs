@@ -14,71 +14,107 @@ use crate::{NbTree, Variant};
 impl NbTree {
     /// Algorithm 5: search.
     pub(crate) fn lookup(&self, key: u64, g: &Guard) -> Result<Option<u64>> {
-        let mut leaf = self.find_leaf(key, g);
-        loop {
-            let _r = (self.variant == Variant::WR).then(|| leaf.lock.read());
-            let blk = self.blk(leaf.data);
-            let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
-            if !leaf.in_smo() {
-                return Ok(val);
+        self.lookup_from(self.find_leaf(key, g), key, g)
+    }
+
+    /// [`NbTree::lookup`] from `leaf`.
+    fn lookup_from<'g>(&self, leaf: &'g LeafMeta, key: u64, g: &'g Guard) -> Result<Option<u64>> {
+        let _r = (self.variant == Variant::WR).then(|| leaf.lock.read());
+        let blk = self.blk(leaf.data);
+        let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
+        if !leaf.in_smo() {
+            return Ok(val);
+        }
+        let nl = leaf.copy_ptr();
+        if nl.is_null() {
+            return Ok(val); // copy phase: the old leaf is latest and clean
+        }
+        let nl = self.meta(nl, g);
+        let tgt = self.copy_target(nl, key, g);
+        if leaf.flags() & FLAG_SYNC != 0 {
+            // Link phase or later: the new leaf is latest and clean; it may be in an SMO of its
+            // own, so search it the same way.
+            drop(_r);
+            let r = self.lookup_from(self.settle(tgt, key, g), key, g)?;
+            if r.is_none() {
+                // Until the PM link only the old block survives a crash.
+                let _acct = account::smo_scope();
+                self.mirror_absence(leaf, key);
             }
-            let nl = leaf.copy_ptr();
-            if nl.is_null() {
-                return Ok(val); // copy phase: the old leaf is latest and clean
+            return Ok(r);
+        }
+        // Sync phase: sync-on-read (PM accesses counted as the SMO's share). Read the old leaf
+        // again now that the copy is known: `val` may predate the SMO (even the key's insert),
+        // and applying it to the copy would delete a live key or store a stale value.
+        let _acct = account::smo_scope();
+        let slot = leaf.find(&blk, key);
+        let val = slot.and_then(|i| LeafMeta::read_slot(&blk, i, key));
+        let tb = self.blk(tgt.data);
+        let Some(j) = tgt.find(&tb, key) else {
+            // The copy lost a key the old leaf still holds: a delete redirected to the copy,
+            // not yet mirrored back.
+            if val.is_some() {
+                self.mirror_absence(leaf, key);
             }
-            let nl = self.meta(nl, g);
-            let tgt = self.copy_target(nl, key, g);
-            if leaf.flags() & FLAG_SYNC != 0 {
-                // Link phase or later: the new leaf is latest and clean; it may be in an SMO of
-                // its own, so search it the same way.
-                drop(_r);
-                leaf = self.settle(tgt, key, g);
-                continue;
-            }
-            // Sync phase: sync-on-read (PM accesses counted as the SMO's share). Read the old
-            // leaf again now that the copy is known:
-            // `val` may predate the SMO (even the key's insert), and applying it to the copy
-            // would delete a live key or store a stale value.
-            let _acct = account::smo_scope();
-            let val = leaf.find(&blk, key).and_then(|i| LeafMeta::read_slot(&blk, i, key));
-            let tb = self.blk(tgt.data);
-            let Some(j) = tgt.find(&tb, key) else { return Ok(None) };
-            match val {
-                None => {
-                    if (j as u32) < tgt.copied {
-                        // A deletion not yet synchronised: apply it to the new leaf.
-                        // ORDERING: Release CAS, as every key removal.
-                        let _ = tb.entry(j).key.compare_exchange(
-                            key,
-                            0,
-                            Ordering::Release,
-                            Ordering::Relaxed,
-                        );
-                        // PERSIST: the synchronised deletion is durable before we report it.
-                        self.pool.persist_obj(tb.entry(j));
-                    }
-                    return Ok(None);
+            return Ok(None);
+        };
+        match val {
+            None => {
+                if (j as u32) < tgt.copied {
+                    // A deletion not yet synchronised: apply it to the new leaf.
+                    // ORDERING: Release CAS, as every key removal.
+                    let _ = tb.entry(j).key.compare_exchange(
+                        key,
+                        0,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    );
+                    // PERSIST: the synchronised deletion is durable before we report it.
+                    self.pool.persist_obj(tb.entry(j));
                 }
-                Some(v) => {
-                    // ORDERING: Acquire; pairs with Release value stores.
-                    if tb.entry(j).val.load(Ordering::Acquire) != v {
-                        tgt.tagged_store(
-                            j,
-                            |t| t == TAG_COPY,
-                            TAG_SYNC,
-                            || {
-                                // ORDERING: Release; pairs with readers' Acquire.
-                                tb.entry(j).val.store(v, Ordering::Release);
-                            },
-                        );
-                        // PERSIST: the value we return is durable in the new leaf.
-                        self.pool.persist_obj(tb.entry(j));
-                        self.counters.sync_on_read.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Ok(LeafMeta::read_slot(&tb, j, key));
+                Ok(None)
+            }
+            Some(v) => {
+                // ORDERING: Acquire; pairs with Release value stores.
+                if tb.entry(j).val.load(Ordering::Acquire) != v {
+                    tgt.tagged_store(
+                        j,
+                        |t| t == TAG_COPY,
+                        TAG_SYNC,
+                        || {
+                            // The old slot's value of now, read inside the copy slot's BUSY
+                            // section (as sync-on-write does), not `v`: an update may have
+                            // stored and synchronised a newer value since (issue 33, defect 4).
+                            let cur = slot.and_then(|i| LeafMeta::read_slot(&blk, i, key));
+                            // ORDERING: Release; pairs with readers' Acquire.
+                            tb.entry(j).val.store(cur.unwrap_or(v), Ordering::Release);
+                        },
+                    );
+                    // PERSIST: the value we return is durable in the new leaf.
+                    self.pool.persist_obj(tb.entry(j));
+                    self.counters.sync_on_read.fetch_add(1, Ordering::Relaxed);
                 }
+                Ok(LeafMeta::read_slot(&tb, j, key))
             }
         }
+    }
+
+    /// A read is about to return "absent" from the copy of `leaf` (issue 33, defect 3): if the
+    /// old leaf still holds `key` in a sealed slot, a delete decided on the copy and has not
+    /// mirrored its removal yet, and until the SMO's PM link only the old block survives a
+    /// crash. The reader does the mirror itself (the same CAS; whoever comes second finds 0)
+    /// and persists it, so the absence it returns is as durable as the delete will be.
+    fn mirror_absence(&self, leaf: &LeafMeta, key: u64) {
+        let blk = self.blk(leaf.data);
+        let Some(i) = leaf.find(&blk, key) else { return };
+        if !leaf.sealed(i) {
+            return; // not redirected: a delete in this leaf commits here (and syncs on)
+        }
+        let e = blk.entry(i);
+        // ORDERING: Release CAS, as every key removal.
+        let _ = e.key.compare_exchange(key, 0, Ordering::Release, Ordering::Relaxed);
+        // PERSIST: the absence we return survives a crash before the SMO's PM link.
+        self.pool.persist_obj(e);
     }
 
     /// Algorithm 1 (insert), and upsert (insert, or update when present).
@@ -91,6 +127,11 @@ impl NbTree {
     ) -> Result<bool> {
         loop {
             let leaf = self.find_leaf(key, g);
+            if !leaf.live() {
+                // Reached along a predecessor's `next` before its SMO's link phase completed.
+                self.make_live(leaf, g)?;
+                continue;
+            }
             if leaf.in_smo() {
                 // Cooperative SMO: help it, then retry from the root. NBTree-W(R) instead waits
                 // for the leaf's lock, which the SMO's initiator holds throughout
@@ -144,9 +185,10 @@ impl NbTree {
             ((n as usize) < self.slots).then(|| n + 1)
         });
         let Ok(pos) = claim.map(|n| n as usize) else {
-            // ORDERING: SeqCst; Dekker pair with the link phase of the successor (it CASes our
-            // `next`, then reads this bit; our copy reads `next` after setting it).
-            leaf.bitmap.fetch_or(SMO_BIT, Ordering::SeqCst);
+            // ORDERING: AcqRel; an RMW in the release sequence of every commit CAS, which
+            // wait_pending's Acquire load relies on. (It was a SeqCst Dekker pair with the
+            // successor's link phase; the link phase now freezes `next` instead.)
+            leaf.bitmap.fetch_or(SMO_BIT, Ordering::AcqRel);
             return Ok(InsertOutcome::Smo);
         };
         let blk = self.blk(leaf.data);
@@ -297,6 +339,10 @@ impl NbTree {
         g: &'g Guard,
     ) -> Result<bool> {
         loop {
+            if !leaf.live() {
+                self.make_live(leaf, g)?;
+                continue;
+            }
             let _w = self.variant.locks_writes().then(|| leaf.lock.write());
             if self.variant.locks_writes() && leaf.in_smo() {
                 // Under the lock: the SMO is over unless its initiator failed; finish it.
@@ -323,7 +369,8 @@ impl NbTree {
     /// and retries on the new leaf.
     ///
     /// An update stores into the leaf it found only while the slot is unsealed, in the slot's
-    /// BUSY section ([`LeafMeta::write_unsealed`]), exactly as deletes commit. So every
+    /// BUSY section ([`LeafMeta::begin_unsealed`]), exactly as deletes commit, and then fences
+    /// (StoreLoad) before it looks for a copy. So every
     /// update's value is either in the old leaf before the sync pass reads it (the pass or the
     /// update's own sync-on-write carries it to the copy) or written on the copy after the
     /// SMO's PM link (the help makes sure of the link: until then only the old block survives
@@ -341,22 +388,57 @@ impl NbTree {
         g: &'g Guard,
     ) -> bool {
         let blk = self.blk(leaf.data);
-        // The R1 test's stand-in for a value store still in the store buffer: before the fix it
-        // delayed the (plain) store past the SMO check below, as x86-TSO may. Here the store is
-        // inside the BUSY section, which TSO cannot let it outlive (the tag's release is a later
-        // store), so the point has nothing to delay.
-        let _store_buffered = numakv_pmem::fail_point!("nbtree.update.store_buffered");
-        if !leaf.write_unsealed(&blk, i, value) {
-            return false;
+        // Test hook (tests/interleavings.rs): the value store and the tag's release are still
+        // in the store buffer — issued, not yet visible to other cores — where x86-TSO lets
+        // them be: past the loads that follow them, up to the next fence (none here).
+        let buffered = numakv_pmem::fail_point!("nbtree.update.store_buffered");
+        let Some(tag) = leaf.begin_unsealed(i) else { return false };
+        let store = || {
+            // ORDERING: Release; pairs with the Acquire loads of readers.
+            blk.entry(i).val.store(value, Ordering::Release);
+            leaf.end_unsealed(i, tag, 0);
+            // PERSIST: one flush per update (ADR).
+            self.pool.persist_obj(blk.entry(i));
+        };
+        if !buffered {
+            store();
         }
-        // PERSIST: one flush per update (ADR).
-        self.pool.persist_obj(blk.entry(i));
+        numakv_pmem::pause_point!("nbtree.update.stored");
+        if buffered {
+            store(); // the fence below drains the store buffer
+        }
+        // The paper's `mfence` per persisted store (eADR): StoreLoad between the value store
+        // (and the tag's release) and the loads of sync-on-write, which neither the Release
+        // stores nor ADR's sfence give. Without it, on x86-TSO the update could see no copy
+        // while its store was still buffered, and an earlier update's sync-on-write could carry
+        // the older value into the copy meanwhile (issue 33, defect 4).
+        // ORDERING: SeqCst fence; pairs with the SeqCst CAS that publishes the copy (copy_phase):
+        // either our load below sees the copy, or the copy phase and everything after it see
+        // our store.
+        std::sync::atomic::fence(Ordering::SeqCst);
         // What sync-on-write touches exists only because of an SMO: counted as the SMO's share
         // of PM accesses.
         let _acct = account::smo_scope();
         self.sync_on_write(leaf, i, key, g);
         numakv_pmem::pause_point!("nbtree.update.checked");
         true
+    }
+
+    /// Brings `leaf` — a new leaf of an SMO, reached along its predecessor's `next` before the
+    /// SMO's link phase completed — to life by finishing that SMO (only its link phase is left,
+    /// which allocates nothing). A leaf is written directly, or runs an SMO of its own, only
+    /// once live: until then the old leaf's link may still be undone by the predecessor's SMO
+    /// (see `patch_copy`) or the parent still names the old leaf (issue 33, defects 1 and 2).
+    pub(crate) fn make_live(&self, leaf: &LeafMeta, g: &Guard) -> Result<()> {
+        if leaf.live() || leaf.source.is_null() {
+            return Ok(());
+        }
+        // `source` is retired only after its LINK, which follows our LIVE: the caller, pinned,
+        // saw the leaf not live, so the old leaf is not freed before the guard goes.
+        let src = self.meta(leaf.source, g);
+        self.smo(src, g)?;
+        self.counters.smo_helps.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Sync-on-write: while the leaf written has an SMO copy, bring the copy's entry up to date
@@ -411,10 +493,20 @@ impl NbTree {
     /// [`NbTree::delete_key`] from `leaf`, the leaf the descent found (possibly long ago).
     pub(crate) fn delete_from<'g>(
         &self,
-        mut leaf: &'g LeafMeta,
+        leaf: &'g LeafMeta,
         key: u64,
         g: &'g Guard,
     ) -> Result<bool> {
+        while !leaf.live() {
+            self.make_live(leaf, g)?;
+        }
+        self.delete_in(leaf, key, g)
+    }
+
+    /// [`NbTree::delete_from`] without the liveness check: also the redirected delete of a
+    /// sealed slot, on the copy of an SMO in progress (the copy decides; the old leaf gets the
+    /// mirror).
+    fn delete_in<'g>(&self, mut leaf: &'g LeafMeta, key: u64, g: &'g Guard) -> Result<bool> {
         loop {
             let _w = self.variant.locks_writes().then(|| leaf.lock.write());
             if self.variant.locks_writes() && leaf.in_smo() {
@@ -422,6 +514,9 @@ impl NbTree {
                 self.smo(leaf, g)?;
                 drop(_w);
                 leaf = self.find_leaf(key, g);
+                while !leaf.live() {
+                    self.make_live(leaf, g)?; // a fresh descent writes live leaves only
+                }
                 continue;
             }
             let blk = self.blk(leaf.data);
@@ -435,7 +530,7 @@ impl NbTree {
             match leaf.unsealed(i, cas) {
                 None => {
                     let tgt = self.copy_target(self.meta(leaf.copy_ptr(), g), key, g);
-                    let deleted = self.delete_from(tgt, key, g)?;
+                    let deleted = self.delete_in(tgt, key, g)?;
                     numakv_pmem::pause_point!("nbtree.delete.redirected");
                     let _acct = account::smo_scope(); // the mirror: the SMO's share
                     if deleted {

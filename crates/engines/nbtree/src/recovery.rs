@@ -20,7 +20,7 @@ use numakv_pmem::{PPtr, Pool};
 
 use crate::inner::{leaf_word, Inner, INNER_CAP};
 use crate::layout::{self, fingerprint, Block, Shape, ENGINE, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
-use crate::leaf::{LeafMeta, COMMIT_MASK};
+use crate::leaf::{LeafMeta, COMMIT_MASK, FLAG_LIVE, NEXT_TAGS};
 use crate::{LeafAllocator, NbTree, NbTreeOptions};
 
 /// Children per rebuilt inner node (room left for later separators).
@@ -232,9 +232,12 @@ pub(crate) fn build_inner(leaves: &[*mut LeafMeta], blocks: &[(PPtr, u64)]) -> *
 
 impl NbTree {
     /// Structural check (quiescent tree): the DRAM leaf list mirrors the PM block list, every
-    /// leaf is settled (no SMO leftovers), keys lie in their leaf's range without duplicates and
-    /// with matching fingerprints, and the level-1 inner nodes list exactly the leaves, in order,
-    /// with separators equal to the leaves' low keys.
+    /// leaf is settled (live, no SMO leftovers, no tagged `next`, no pending insert), keys lie
+    /// in their leaf's range without duplicates and with matching fingerprints; and every inner
+    /// level, from the root down, is a sibling chain whose nodes' high keys are the next node's
+    /// low key (`u64::MAX` for the last), whose separators ascend strictly inside the node's
+    /// range, and whose children, concatenated, are exactly the level below (the leaves, for
+    /// level 1) with each separator equal to its child's low key.
     pub(crate) fn check_tree(&self) -> Result<CheckReport> {
         let bad = |m: String| Err(Error::corrupted(ENGINE, m));
         let g = numakv_pmem::alloc::epoch::pin();
@@ -257,8 +260,22 @@ impl NbTree {
             if m.high != high {
                 return bad(format!("leaf {i}: high key {} but next low {high}", m.high));
             }
-            if !m.copy_ptr().is_null() || m.flags() != 0 {
-                return bad(format!("leaf {i}: SMO leftovers on a quiescent tree"));
+            if !m.copy_ptr().is_null() || m.flags() != FLAG_LIVE {
+                return bad(format!(
+                    "leaf {i}: SMO leftovers on a quiescent tree (flags {:#x}, copy {:?})",
+                    m.flags(),
+                    m.copy_ptr()
+                ));
+            }
+            // ORDERING: Relaxed; quiescent.
+            if m.next.load(Ordering::Relaxed) as usize & NEXT_TAGS != 0 {
+                return bad(format!("leaf {i}: tagged next pointer on a quiescent tree"));
+            }
+            // ORDERING: Relaxed; quiescent.
+            if m.pending.load(Ordering::Relaxed) != 0
+                || m.num.load(Ordering::Relaxed) as usize > self.slots
+            {
+                return bad(format!("leaf {i}: pending inserts or claims past the slot count"));
             }
             let blk = self.blk(m.data);
             let mut keys = HashSet::new();
@@ -286,26 +303,61 @@ impl NbTree {
         if leaves.len() != blocks.len() {
             return bad(format!("{} DRAM leaves but {} PM blocks", leaves.len(), blocks.len()));
         }
-        // Level 1 of the inner nodes lists the leaves.
-        let mut n = self.root_node(&g);
-        while n.level > 1 {
-            n = self.inner_ref(n.leftmost.load(Ordering::Acquire));
+        // The inner levels, top-down: `level` lists the nodes of one level in key order, each
+        // with its low key (the separator that leads to it; 0 for the leftmost).
+        let root = self.root_node(&g);
+        if root.high.load(Ordering::Acquire) != u64::MAX
+            || !root.sibling.load(Ordering::Acquire).is_null()
+        {
+            return bad("the root has a high key or a sibling".into());
         }
-        let mut kids = Vec::new();
-        let mut node: *const Inner = n;
-        while !node.is_null() {
-            // SAFETY: inner nodes live as long as the tree.
-            let nr = unsafe { &*node };
-            for (sep, c) in nr.children() {
-                kids.push((sep, c));
+        let mut level: Vec<(u64, usize)> = vec![(0, root as *const Inner as usize)];
+        let mut depth = root.level;
+        loop {
+            let mut below: Vec<(u64, usize)> = Vec::new();
+            for (idx, &(low, np)) in level.iter().enumerate() {
+                let n = self.inner_ref(np);
+                let high = level.get(idx + 1).map_or(u64::MAX, |e| e.0);
+                let next = level.get(idx + 1).map_or(0, |e| e.1);
+                if n.level != depth {
+                    return bad(format!("inner node at level {depth} says level {}", n.level));
+                }
+                if n.high.load(Ordering::Acquire) != high {
+                    return bad(format!(
+                        "level-{depth} node {idx}: high key {} but the next node's low is {high}",
+                        n.high.load(Ordering::Acquire)
+                    ));
+                }
+                if n.sibling.load(Ordering::Acquire) as usize != next {
+                    return bad(format!("level-{depth} node {idx}: sibling is not the next node"));
+                }
+                if n.count.load(Ordering::Acquire) > INNER_CAP {
+                    return bad(format!("level-{depth} node {idx}: count over capacity"));
+                }
+                for (j, (sep, c)) in n.children().into_iter().enumerate() {
+                    let sep = if j == 0 { low } else { sep };
+                    if j > 0 && (sep <= below.last().map_or(0, |e| e.0) || sep >= high) {
+                        return bad(format!(
+                            "level-{depth} node {idx}: separator {sep} out of order or range"
+                        ));
+                    }
+                    below.push((sep, c));
+                }
             }
-            node = nr.sibling.load(Ordering::Acquire);
-        }
-        if kids.len() != leaves.len() || kids.iter().zip(&leaves).any(|(a, b)| a.1 != *b) {
-            return bad("level-1 inner nodes do not list the leaves in order".into());
-        }
-        if kids.iter().zip(&blocks).skip(1).any(|(a, b)| a.0 != b.1 && a.0 != 0) {
-            return bad("a separator differs from its leaf's low key".into());
+            if depth == 1 {
+                if below.len() != leaves.len() || below.iter().zip(&leaves).any(|(a, &l)| a.1 != l)
+                {
+                    return bad("level-1 inner nodes do not list the leaves in order".into());
+                }
+                if let Some((i, _)) =
+                    below.iter().zip(&blocks).enumerate().find(|(_, (a, b))| a.0 != b.1)
+                {
+                    return bad(format!("the separator of leaf {i} differs from its low key"));
+                }
+                break;
+            }
+            level = below;
+            depth -= 1;
         }
         // Leaves retired by the last SMOs (e.g. a layer's recovery writing into this tree just
         // before) are freed after their grace period; `g` must not hold it up.
@@ -335,5 +387,75 @@ impl NbTree {
     fn inner_ref(&self, p: usize) -> &Inner {
         // SAFETY: inner nodes live as long as the tree.
         unsafe { &*(p as *const Inner) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `check()` sees every level: each test breaks one invariant of a quiescent tree and
+    //! expects the check to name it, then restores it.
+
+    use std::sync::atomic::Ordering;
+
+    use numakv_index::{Engine, Index};
+    use numakv_pmem::{Pool, PoolConfig};
+
+    use crate::leaf::{FLAG_LIVE, NEXT_FROZEN};
+    use crate::{NbTree, NbTreeOptions};
+
+    /// Three inner levels over 4-slot leaves.
+    fn tall() -> NbTree {
+        let pool = Pool::volatile(PoolConfig::new(NbTree::engine_id(), 64 << 20)).unwrap();
+        let t =
+            NbTree::create(pool, &NbTreeOptions { leaf_slots: 4, ..Default::default() }).unwrap();
+        for k in 1..=20_000u64 {
+            assert!(t.insert(k * 7, k).unwrap());
+        }
+        let g = numakv_pmem::alloc::epoch::pin();
+        assert!(t.root_node(&g).level >= 3, "the test needs inner levels above 1");
+        drop(g);
+        t.check().unwrap();
+        t
+    }
+
+    fn fails_with(t: &NbTree, what: &str) {
+        let e = t.check().expect_err(what).to_string();
+        assert!(e.contains(what), "{e}");
+    }
+
+    #[test]
+    fn check_sees_every_inner_level_and_leaf_state() {
+        let t = tall();
+        let g = numakv_pmem::alloc::epoch::pin();
+        let root = t.root_node(&g);
+        // A separator of the root (a level ≥ 3 node).
+        let k0 = root.keys[0].load(Ordering::Relaxed);
+        root.keys[0].store(k0 + 1, Ordering::Relaxed);
+        fails_with(&t, "high key");
+        root.keys[0].store(k0, Ordering::Relaxed);
+        // The high key of a level-2 node.
+        let l2 = t.inner_ref(root.leftmost.load(Ordering::Relaxed));
+        let h = l2.high.load(Ordering::Relaxed);
+        l2.high.store(h - 1, Ordering::Relaxed);
+        fails_with(&t, "high key");
+        l2.high.store(h, Ordering::Relaxed);
+        // A level-1 separator set to 0 (used to be skipped).
+        let mut l1 = t.inner_ref(l2.leftmost.load(Ordering::Relaxed));
+        l1 = t.inner_ref(l1.sibling.load(Ordering::Relaxed) as usize);
+        let s = l1.keys[1].load(Ordering::Relaxed);
+        l1.keys[1].store(0, Ordering::Relaxed);
+        fails_with(&t, "separator");
+        l1.keys[1].store(s, Ordering::Relaxed);
+        // A leaf that is not live, and one with a tagged `next`.
+        let leaf = t.find_leaf(700, &g);
+        leaf.flags.fetch_and(!FLAG_LIVE, Ordering::Relaxed);
+        fails_with(&t, "SMO leftovers");
+        leaf.flags.fetch_or(FLAG_LIVE, Ordering::Relaxed);
+        let n = leaf.next.load(Ordering::Relaxed);
+        leaf.next.store((n as usize | NEXT_FROZEN) as *mut _, Ordering::Relaxed);
+        fails_with(&t, "tagged next");
+        leaf.next.store(n, Ordering::Relaxed);
+        drop(g);
+        t.check().unwrap();
     }
 }

@@ -7,17 +7,22 @@
 //!   median key; allocate them through a Calloc SMO (recyclable log: old + new blocks logged
 //!   before the new blocks are durably allocated); install the first one with
 //!   `CAS(copy_ptr, null, new)`. Losers abort their Calloc SMO.
-//! - **Sync**: seal the old leaf's committed slots (no delete commits there any more; a delete
-//!   that finds a sealed slot goes to the copy), then for every live entry of
-//!   the old leaf whose copy still carries the COPY tag and a
-//!   different value, store the old leaf's current value (tag COPY → SYNC); zero every copied key
-//!   that is no longer live in the old leaf. Then set `FLAG_SYNC`.
-//! - **Link**: `CAS(pred.block.next, old.block, new.block)` in PM — the SMO's durability point —
-//!   then `CAS(pred.next, old, new)` in DRAM; if the predecessor is itself in an SMO, help it and
-//!   retry (its copy may hold the stale `next`). Then, in one inner-node transaction, replace the
-//!   parent's pointer and insert the right leaf's separator, and set `FLAG_LINK`. The thread that
-//!   sets it retires the old leaf (metadata through the epoch, block through the Calloc SMO's
-//!   commit, which clears the log after the grace period).
+//! - **Sync**: seal the old leaf's committed slots (no delete or update commits there any more;
+//!   one that finds a sealed slot goes to the copy), then for every live entry of the old leaf
+//!   whose copy is not a direct write's (tag COPY or SYNC) and differs, store the old leaf's
+//!   current — after the seal, final — value (tag → SYNC); zero every copied key that is no
+//!   longer live in the old leaf. Then set `FLAG_SYNC`.
+//! - **Link**: patch the copy's `next` — freeze the old leaf's `next` (a successor that links
+//!   afterwards finds it frozen, helps this SMO and links into the copy) and write it into the
+//!   last new leaf, once (issue 33, defect 1) —; then `CAS(pred.block.next, old.block,
+//!   new.block)` in PM — the SMO's durability point — then `CAS(pred.next, old, new)` in DRAM;
+//!   if the predecessor's `next` is frozen, finish the predecessor's SMO (its copy exists: no
+//!   allocation) and link into its copy. Then, in one inner-node transaction, replace the
+//!   parent's pointer, insert the right leaf's separator, set `FLAG_LIVE` on the new leaves and
+//!   `FLAG_LINK` on the old one. The thread that sets LINK retires the old leaf (metadata
+//!   through the epoch, block through the Calloc SMO's commit, which clears the log after the
+//!   grace period). A new leaf reached along `next` before LIVE takes no direct write and runs
+//!   no SMO until it is live (`NbTree::make_live`).
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
@@ -31,7 +36,10 @@ use numakv_pmem::{account, PPtr};
 use crate::alloc::SmoBlocks;
 use crate::inner::leaf_word;
 use crate::layout::{fingerprint, Block, MAX_SLOTS, SLOT_HEAD};
-use crate::leaf::{LeafMeta, FLAG_LINK, FLAG_SYNC, TAG_COPY, TAG_SYNC};
+use crate::leaf::{
+    untag, LeafMeta, FLAG_LINK, FLAG_LIVE, FLAG_SYNC, NEXT_FROZEN, NEXT_PATCHING, NEXT_UNPATCHED,
+    TAG_COPY, TAG_SYNC,
+};
 use crate::NbTree;
 
 thread_local! {
@@ -99,6 +107,7 @@ impl NbTree {
         if leaf.copy_ptr().is_null() {
             self.copy_phase(leaf, g)?;
         }
+        numakv_pmem::pause_point!("nbtree.smo.copied");
         self.pause();
         let nl = self.meta(leaf.copy_ptr(), g);
         if leaf.flags() & FLAG_SYNC == 0 {
@@ -190,16 +199,22 @@ impl NbTree {
             }),
         };
         let blocks = smo.new_blocks().to_vec();
-        // ORDERING: SeqCst pair with the successor's link CAS (see LeafMeta::next_ptr); the PM
-        // word mirrors it and is read the same way.
-        let old_next = leaf.next_ptr();
-        let old_next_blk = blk.head.next.load(Ordering::SeqCst);
+        // The last new leaf starts with the old leaf's `next` of now, tagged UNPATCHED: a
+        // successor's link phase may still change the old leaf's `next`, and the link phase
+        // of this SMO replaces it by the old leaf's frozen `next` before linking (patch_copy).
+        let old_next = (leaf.next_ptr() as usize | NEXT_UNPATCHED) as *mut LeafMeta;
+        // ORDERING: Relaxed; a placeholder, rewritten by the patch before the block is linked.
+        let old_next_blk = blk.head.next.load(Ordering::Relaxed);
+        let src = leaf as *const LeafMeta as *mut LeafMeta;
         let (lhs, rhs) =
             live.split_at(live.iter().position(|e| e.0 >= split).unwrap_or(live.len()));
         let mk = |p: PPtr, low: u64, high: u64, ents: &[(u64, u64, u8)], next_blk: u64| {
             let kv: Vec<(u64, u64)> = ents.iter().map(|e| (e.0, e.1)).collect();
             self.init_block(p, low, next_blk, &kv);
             let mut m = LeafMeta::new(self.slots, p, low, high);
+            // Not live until the link phase completes (FLAG_LIVE).
+            m.flags = 0.into();
+            m.source = src;
             for (i, &(k, _, from)) in ents.iter().enumerate() {
                 m.src[i] = from;
                 // ORDERING: Relaxed; the metadata is published by the copy_ptr CAS (AcqRel).
@@ -232,12 +247,13 @@ impl NbTree {
             l.smo = smo.take().into();
             Box::into_raw(Box::new(l))
         };
-        // ORDERING: AcqRel; Release publishes the new leaves (metadata and PM contents) to the
-        // Acquire in copy_ptr().
+        // ORDERING: SeqCst; Release publishes the new leaves (metadata and PM contents) to the
+        // Acquire in copy_ptr(); SeqCst places it in the total order with the fence an update
+        // issues between its value store and its load of `copy_ptr` (ops.rs, write_existing).
         match leaf.copy.compare_exchange(
             std::ptr::null_mut(),
             nl_ptr,
-            Ordering::AcqRel,
+            Ordering::SeqCst,
             Ordering::Acquire,
         ) {
             Ok(_) => {
@@ -353,10 +369,13 @@ impl NbTree {
             if tb.entry(j).val.load(Ordering::Acquire) == v {
                 continue;
             }
-            // Paper: CAS(&syncEntry.val, v|copy_bit, val|sync_bit) — only a still-copied value.
+            // Paper: CAS(&syncEntry.val, v|copy_bit, val|sync_bit) — a value not overwritten by a
+            // direct write. A SYNC slot too: after the seal the old slot's value is final, and a
+            // value synchronised before it (sync-on-write, sync-on-read) may predate an update
+            // whose store became visible later (issue 33, defect 4).
             tgt.tagged_store(
                 j,
-                |t| t == TAG_COPY,
+                |t| t & (TAG_COPY | TAG_SYNC) != 0,
                 TAG_SYNC,
                 || {
                     let cur = LeafMeta::read_slot(&blk, i, k).unwrap_or(v);
@@ -402,6 +421,8 @@ impl NbTree {
             if leaf.flags() & FLAG_LINK != 0 {
                 return Ok(());
             }
+            // The copy's `next` is the old leaf's final one before the copy is linked.
+            self.patch_copy(leaf, nl, g);
             if leaf.low == 0 {
                 // The first leaf: its predecessor is the anchor (root slot + DRAM head).
                 let slot = self.pool.root(SLOT_HEAD)?;
@@ -425,8 +446,7 @@ impl NbTree {
             let Some(pred) = self.find_pred(leaf, nl, g) else { continue };
             self.pause();
             let pb = self.blk(pred.data);
-            // ORDERING: SeqCst; Dekker pair with the predecessor's SMO bit (copy_phase reads
-            // `next` after the bit is set; we read the bit after this CAS).
+            // ORDERING: SeqCst, as every link CAS (one order with the DRAM CAS below).
             let pm = pb.head.next.compare_exchange(
                 leaf.data.raw(),
                 nl.data.raw(),
@@ -440,20 +460,86 @@ impl NbTree {
             }
             // PERSIST: durability point of the SMO.
             self.pool.persist_obj(&pb.head.next);
-            let _ =
-                pred.next.compare_exchange(leaf_ptr, nl_ptr, Ordering::SeqCst, Ordering::SeqCst);
+            // ORDERING: SeqCst; one order with the freeze of the predecessor's `next`
+            // (freeze_next): either the freeze sees our new leaf, and the predecessor's copy is
+            // patched to it, or our CAS fails on the frozen word.
+            match pred.next.compare_exchange(leaf_ptr, nl_ptr, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {}
+                Err(cur) if untag(cur) == nl_ptr => {} // another thread linked it
+                Err(cur) if cur as usize == leaf_ptr as usize | NEXT_FROZEN => {
+                    // The predecessor's link phase has begun and its copy will name the old
+                    // leaf: finish the predecessor's SMO (its copy exists: no allocation) and
+                    // link into its copy instead. (Its PM word we just changed belongs to a
+                    // block its own SMO is about to unlink; our new leaves are not reachable in
+                    // DRAM yet, so nothing was written into them directly.)
+                    self.smo(pred, g)?;
+                    self.counters.smo_helps.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Err(_) => continue,
+            }
             // The copy is reachable along `next`; the parent still names the old leaf.
             numakv_pmem::pause_point!("nbtree.smo.linked_pred");
-            if pred.bitmap.load(Ordering::SeqCst) & crate::leaf::SMO_BIT != 0 {
-                // Cooperative SMO: the predecessor's copy may carry our stale pointer.
-                self.smo(pred, g)?;
-                self.counters.smo_helps.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
             break;
         }
         self.link_parent(leaf, nl, g);
         Ok(())
+    }
+
+    /// Freezes `leaf`'s `next` (the link phase has begun: a successor that links afterwards
+    /// finds the word frozen and links into the copy instead) and returns it, untagged.
+    fn freeze_next(&self, leaf: &LeafMeta) -> *mut LeafMeta {
+        loop {
+            // ORDERING: SeqCst, as the link CAS it races with.
+            let n = leaf.next.load(Ordering::SeqCst);
+            if n as usize & NEXT_FROZEN != 0 {
+                return untag(n);
+            }
+            let f = (n as usize | NEXT_FROZEN) as *mut LeafMeta;
+            // ORDERING: SeqCst, as above.
+            if leaf.next.compare_exchange(n, f, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                return untag(n);
+            }
+        }
+    }
+
+    /// The link phase's patch (issue 33, defect 1): the last new leaf of `leaf`'s SMO got the
+    /// old leaf's `next` of copy time, but a successor's SMO may have linked its own copy into
+    /// the old leaf since — durably. Linking our copy with the stale pointer would unlink that
+    /// successor's new leaves, and writes acknowledged in them, from PM. So the old leaf's
+    /// `next` is frozen (no successor links into it any more: it helps us and links into our
+    /// copy instead) and the copy's `next`, in PM and DRAM, set to it, once: the thread that
+    /// moves the word from UNPATCHED to PATCHING writes it; others wait the few instructions
+    /// until it is done (after that the word may change again only by a successor's link into
+    /// the copy, which a late patch must not undo — hence one writer).
+    fn patch_copy(&self, leaf: &LeafMeta, nl: &LeafMeta, g: &Guard) {
+        let last = if nl.pair.is_null() { nl } else { self.meta(nl.pair, g) };
+        loop {
+            // ORDERING: Acquire; pairs with the Release store that ends the patch.
+            let m = last.next.load(Ordering::Acquire);
+            let m_bits = m as usize;
+            if m_bits & NEXT_UNPATCHED == 0 {
+                return;
+            }
+            if m_bits & NEXT_PATCHING != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let claim = (m_bits | NEXT_PATCHING) as *mut LeafMeta;
+            // ORDERING: Acquire on success, as the load above.
+            if last.next.compare_exchange(m, claim, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                break;
+            }
+        }
+        let n0 = self.freeze_next(leaf);
+        let n0_blk = if n0.is_null() { 0 } else { self.meta(n0, g).data.raw() };
+        let lb = self.blk(last.data);
+        // ORDERING: SeqCst, as every write of a link word.
+        lb.head.next.store(n0_blk, Ordering::SeqCst);
+        // PERSIST: the copy names the old leaf's final successor before it is linked.
+        self.pool.persist_obj(&lb.head.next);
+        // ORDERING: Release; publishes the patch (and the successor it names) to next_ptr().
+        last.next.store(n0, Ordering::Release);
     }
 
     /// The leaf whose `next` is `leaf` (or already `nl`), walking from the leaf left of
@@ -501,6 +587,14 @@ impl NbTree {
             } else {
                 self.insert_locked(node, &txn, nl.high, leaf_word(nl.pair))
             };
+            // The new leaves are live (direct writes, SMOs of their own) from here, before LINK:
+            // whoever sees LINK sees them live.
+            // ORDERING: Release; pairs with the Acquire in flags().
+            nl.flags.fetch_or(FLAG_LIVE, Ordering::Release);
+            if !nl.pair.is_null() {
+                // ORDERING: Release, as above.
+                self.meta(nl.pair, g).flags.fetch_or(FLAG_LIVE, Ordering::Release);
+            }
             // ORDERING: Release; pairs with the Acquire in flags(): readers that see LINK go to
             // the copy.
             leaf.flags.fetch_or(FLAG_LINK, Ordering::Release);
