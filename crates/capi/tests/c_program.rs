@@ -104,3 +104,76 @@ fn a_c_program_creates_fills_scans_crashes_and_reopens_stores() {
         eprint!("{text}");
     }
 }
+
+/// Runs one scenario of `c/defects.c` (the boundary rules of the C-ABI review) and
+/// returns its output; fails with the program's own message when the rule is broken.
+fn defect_scenario(bin: &Path, scenario: &str, dir: &Path) -> String {
+    let run = Command::new(bin).arg(scenario).arg(dir).output().unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "scenario {scenario}: {:?}\n{text}", run.status);
+    text
+}
+
+#[test]
+fn a_fork_child_is_refused_and_the_parents_store_stays_intact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("defects", tmp.path());
+    let text = defect_scenario(&bin, "fork", &tmp.path().join("s"));
+    assert!(text.contains("child refused, parent's store intact"), "{text}");
+}
+
+#[test]
+fn a_call_from_a_thread_exit_destructor_does_not_abort() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("defects", tmp.path());
+    let text = defect_scenario(&bin, "thread-exit", &tmp.path().join("s"));
+    assert!(text.contains("thread-exit:"), "{text}");
+}
+
+#[test]
+fn iter_next_with_a_null_output_keeps_its_pair() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("defects", tmp.path());
+    defect_scenario(&bin, "iter-null", &tmp.path().join("s"));
+}
+
+#[test]
+fn bget_clears_outputs_on_a_miss_and_returns_a_real_empty_buffer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("defects", tmp.path());
+    defect_scenario(&bin, "bget", &tmp.path().join("s"));
+}
+
+#[test]
+fn absurd_lengths_are_refused_as_too_large() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("defects", tmp.path());
+    defect_scenario(&bin, "huge-len", &tmp.path().join("s"));
+}
+
+#[test]
+fn a_c_program_uses_ranges_prefixes_placement_threads_and_open_options() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compile("features", tmp.path());
+    let engines = [
+        ("fastfair", "nodes=2,capacity=64M"),
+        ("nobtree", "nodes=2,capacity=64M"),
+        ("nstore", "nodes=2,capacity=64M,clusters=4"),
+    ];
+    for (engine, options) in engines {
+        let dir = tmp.path().join(engine);
+        let run = Command::new(&bin).arg(engine).arg(&dir).arg(options).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(run.status.success(), "{engine}: {text}");
+        assert!(
+            text.contains("over both nodes") && text.contains("prefix scans"),
+            "{engine}: {text}"
+        );
+        eprint!("{text}");
+    }
+}
