@@ -177,3 +177,105 @@ fn a_c_program_uses_ranges_prefixes_placement_threads_and_open_options() {
         eprint!("{text}");
     }
 }
+
+/// Builds `wrappers/pibench` (the wrapper, as a shared library over `libnumakv.a`) against the
+/// `tree_api.hpp` written from PiBench's documentation, and the driver that stands in for
+/// PiBench; returns (wrapper, driver).
+fn pibench_build(dir: &Path) -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let pibench = root.join("wrappers/pibench");
+    let lib = static_library();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let wrapper = dir.join("libnumakv_pibench.so");
+    let run = |cmd: &mut Command, what: &str| {
+        let out = cmd.output().unwrap_or_else(|e| panic!("running the C++ compiler {cxx:?}: {e}"));
+        assert!(out.status.success(), "{what} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(
+        Command::new(&cxx)
+            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-shared", "-fPIC", "-I"])
+            .arg(pibench.join("ci/include"))
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg(pibench.join("numakv_wrapper.cpp"))
+            .arg(&lib)
+            .args(["-Wl,--exclude-libs,ALL", "-lpthread", "-ldl", "-lm", "-o"])
+            .arg(&wrapper),
+        "building the PiBench wrapper",
+    );
+    let driver = dir.join("pibench_driver");
+    run(
+        Command::new(&cxx)
+            .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
+            .arg(pibench.join("ci/include"))
+            .arg(pibench.join("ci/driver.cpp"))
+            .args(["-ldl", "-lpthread", "-o"])
+            .arg(&driver),
+        "building the PiBench driver",
+    );
+    (wrapper, driver)
+}
+
+/// Runs the driver; returns its stdout + stderr, asserting success.
+fn pibench_run(driver: &Path, wrapper: &Path, key_size: &str, env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(driver);
+    cmd.arg(wrapper).arg(key_size).arg("4");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let run = cmd.output().unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "driver {key_size}-byte keys {env:?}: {text}");
+    text
+}
+
+#[test]
+fn the_pibench_wrapper_places_threads_on_both_nodes_and_scans_in_key_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (wrapper, driver) = pibench_build(tmp.path());
+    for engine in ["nobtree", "fastfair"] {
+        let env = [("NUMAKV_ENGINE", engine), ("NUMAKV_OPTIONS", "nodes=2")];
+        let text = pibench_run(&driver, &wrapper, "8", &env);
+        assert!(text.contains("scanned records in order"), "{engine}: {text}");
+        // Four workers round-robin, then the driver's main thread (its scans) on node 0.
+        assert!(text.contains("worker threads per node: node 0: 3, node 1: 2"), "{engine}: {text}");
+        assert!(text.contains("\"nodes\":2"), "{engine}: {text}");
+        eprint!("{text}");
+    }
+    let text = pibench_run(&driver, &wrapper, "16", &[("NUMAKV_OPTIONS", "nodes=2")]);
+    assert!(text.contains("bytes store") && text.contains("scanned records in order"), "{text}");
+}
+
+#[test]
+fn the_pibench_wrapper_reports_bad_settings_and_foreign_stores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (wrapper, driver) = pibench_build(tmp.path());
+    let shm_before = std::fs::read_dir("/dev/shm").map(|d| d.count()).unwrap_or(0);
+    for (env, says) in [
+        ([("NUMAKV_ENGINE", "no-such-engine"), ("NUMAKV_OPTIONS", "")], "no-such-engine"),
+        ([("NUMAKV_ENGINE", "fastfair"), ("NUMAKV_OPTIONS", "leaf_slots=7")], "leaf_slots"),
+    ] {
+        let run = Command::new(&driver).arg(&wrapper).arg("8").arg("1").envs(env).output().unwrap();
+        let text = String::from_utf8_lossy(&run.stderr).to_string();
+        assert!(!run.status.success(), "{env:?}: {text}");
+        assert!(text.contains("creating a") && text.contains(says), "{env:?}: {text}");
+        assert!(!text.contains("no numakv store here"), "{text}");
+    }
+    let shm_after = std::fs::read_dir("/dev/shm").map(|d| d.count()).unwrap_or(0);
+    assert!(shm_after <= shm_before, "a failed create left its scratch directory in /dev/shm");
+
+    // A store of another engine at --pool_path is refused with a message, not used blindly.
+    let pool = tmp.path().join("pool");
+    let pool_arg = pool.to_str().unwrap();
+    let mut cmd = Command::new(&driver);
+    cmd.arg(&wrapper).args(["8", "1", pool_arg]).env("NUMAKV_ENGINE", "nbtree");
+    let first = cmd.output().unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let mut cmd = Command::new(&driver);
+    cmd.arg(&wrapper).args(["8", "1", pool_arg]).env("NUMAKV_ENGINE", "fastfair");
+    let second = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{text}");
+    assert!(text.contains("holds a nbtree int store, not the fastfair int store"), "{text}");
+}
