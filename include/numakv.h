@@ -80,6 +80,10 @@
 // `i % nodes`) instead of filling node 0's CPUs first.
 #define NUMAKV_INTERLEAVE 2
 
+// A write batch of a bytes store (opaque): puts, deletes and absent-key preconditions applied
+// all or nothing by [`numakv_bwrite_batch`], across a crash too.
+typedef struct numakv_batch numakv_batch;
+
 // A scan in progress (opaque).
 typedef struct numakv_iter numakv_iter;
 
@@ -256,6 +260,36 @@ int numakv_biter_next(struct numakv_iter *iter,
                       size_t *key_len,
                       uint8_t **value,
                       size_t *value_len);
+
+// Makes an empty write batch into `*batch`, the caller's until [`numakv_batch_free`].
+int numakv_batch_new(struct numakv_batch **batch);
+
+// Adds a put of `key → value` to the batch (copied; checked against the limits now).
+int numakv_batch_put(struct numakv_batch *batch,
+                     const uint8_t *key,
+                     size_t key_len,
+                     const uint8_t *value,
+                     size_t value_len);
+
+// Adds a delete of `key` to the batch (an absent key is not an error).
+int numakv_batch_delete(struct numakv_batch *batch, const uint8_t *key, size_t key_len);
+
+// Adds a precondition: the batch applies only if `key` is absent when it runs (MSETNX).
+int numakv_batch_require_absent(struct numakv_batch *batch, const uint8_t *key, size_t key_len);
+
+// Empties the batch for reuse.
+int numakv_batch_clear(struct numakv_batch *batch);
+
+// Frees a batch; NULL does nothing.
+int numakv_batch_free(struct numakv_batch *batch);
+
+// Applies the batch to a bytes store all or nothing, durable when it returns: every key and
+// value is checked first; a failure part-way (a full store) rolls back; a crash is finished
+// by the next open. `*applied` (may be NULL) is false when a precondition failed (nothing was
+// written). The batch is left as it was (free or clear it).
+int numakv_bwrite_batch(const struct numakv_store *store,
+                        const struct numakv_batch *batch,
+                        bool *applied);
 
 // The store's statistics as a JSON object (`{"engine": ..., "kind": "int"|"bytes", "nodes":
 // ..., "emulated_nodes": bool, "pm_bytes": ..., "pm_bytes_per_node": [...], "dram_bytes": ...,

@@ -142,6 +142,13 @@ static void int_features(const char *engine, const char *dir) {
     EXPECT(numakv_iter_next(it, &k, &v) == NUMAKV_END);
     CHECK(numakv_iter_free(it));
 
+    /* Write batches are for bytes stores. */
+    numakv_batch *b = NULL;
+    CHECK(numakv_batch_new(&b));
+    CHECK(numakv_batch_put(b, (const uint8_t *)"k", 1, (const uint8_t *)"v", 1));
+    EXPECT(numakv_bwrite_batch(s, b, NULL) == NUMAKV_ERR_WRONG_KIND);
+    CHECK(numakv_batch_free(b));
+
     /* Stats: a NUL-terminated string freed without its length. */
     char *json = NULL;
     size_t len = 0;
@@ -221,8 +228,35 @@ static void bytes_features(const char *engine, const char *dir) {
     numakv_free(k);
     numakv_free(v);
     CHECK(numakv_iter_free(it));
+
+    /* Write batches: all or nothing, preconditions, limits checked when added. */
+    numakv_batch *b = NULL;
+    CHECK(numakv_batch_new(&b));
+    CHECK(numakv_batch_put(b, (const uint8_t *)"batch:a", 7, (const uint8_t *)"1", 1));
+    CHECK(numakv_batch_put(b, (const uint8_t *)"batch:b", 7, (const uint8_t *)"2", 1));
+    CHECK(numakv_batch_delete(b, (const uint8_t *)"user:00000", 10));
+    bool applied = false, found = false;
+    CHECK(numakv_bwrite_batch(s, b, &applied));
+    EXPECT(applied);
+    CHECK(numakv_bget(s, (const uint8_t *)"batch:b", 7, &v, &vlen, &found));
+    EXPECT(found && vlen == 1 && v[0] == '2');
+    numakv_free(v);
+    CHECK(numakv_bget(s, (const uint8_t *)"user:00000", 10, &v, &vlen, &found));
+    EXPECT(!found && v == NULL);
+    CHECK(numakv_batch_clear(b));
+    CHECK(numakv_batch_put(b, (const uint8_t *)"batch:c", 7, (const uint8_t *)"3", 1));
+    CHECK(numakv_batch_require_absent(b, (const uint8_t *)"batch:a", 7));
+    CHECK(numakv_bwrite_batch(s, b, &applied));
+    EXPECT(!applied);
+    CHECK(numakv_bget(s, (const uint8_t *)"batch:c", 7, &v, &vlen, &found));
+    EXPECT(!found);
+    EXPECT(numakv_batch_put(b, (const uint8_t *)"", 0, NULL, 0) == NUMAKV_ERR_INVALID);
+    EXPECT(numakv_batch_put(b, (const uint8_t *)"k", 1, (const uint8_t *)"v", (size_t)2 << 20) ==
+           NUMAKV_ERR_TOO_LARGE);
+    CHECK(numakv_batch_free(b));
     CHECK(numakv_close(s));
-    printf("%s bytes: prefix scans (300 pairs, an all-0xff prefix), empty values\n", engine);
+    printf("%s bytes: prefix scans (300 pairs, an all-0xff prefix), empty values, write batches\n",
+           engine);
 }
 
 int main(int argc, char **argv) {

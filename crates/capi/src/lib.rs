@@ -45,7 +45,7 @@ use std::sync::{Arc, Once};
 
 use facade::{
     BytesStore, EngineKind, Error, LatencyModel, Options, PersistMode, Store, StoreKind,
-    MAX_KEY_LEN, MAX_VALUE_LEN,
+    WriteBatch, MAX_KEY_LEN, MAX_VALUE_LEN,
 };
 use numakv_numa::{Placement, Registry, Topology};
 
@@ -1172,6 +1172,136 @@ pub unsafe extern "C" fn numakv_biter_next(
             return Err(e);
         }
         *at += 1;
+        Ok(NUMAKV_OK)
+    })
+}
+
+// --- write batches -------------------------------------------------------------------------
+
+/// A write batch of a bytes store (opaque): puts, deletes and absent-key preconditions applied
+/// all or nothing by [`numakv_bwrite_batch`], across a crash too.
+pub struct NumakvBatch {
+    batch: WriteBatch,
+}
+
+unsafe fn batch_arg<'a>(b: *mut NumakvBatch) -> Res<&'a mut NumakvBatch> {
+    // SAFETY: a batch from numakv_batch_new, not yet freed, used by one thread at a time (the
+    // contract).
+    unsafe { b.as_mut() }.ok_or_else(|| invalid("batch is null"))
+}
+
+/// Makes an empty write batch into `*batch`, the caller's until [`numakv_batch_free`].
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_new(batch: *mut *mut NumakvBatch) -> c_int {
+    guard(|| {
+        if batch.is_null() {
+            return Err(invalid("batch is null"));
+        }
+        out(batch, Box::into_raw(Box::new(NumakvBatch { batch: WriteBatch::new() })), "batch")?;
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Adds a put of `key → value` to the batch (copied; checked against the limits now).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_put(
+    batch: *mut NumakvBatch,
+    key: *const u8,
+    key_len: usize,
+    value: *const u8,
+    value_len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch and buffers.
+        let b = unsafe { batch_arg(batch) }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
+        let value = unsafe { bytes_arg(value, value_len, MAX_VALUE_LEN, "value") }?;
+        if key.is_empty() {
+            return Err(invalid("the empty key is not a key"));
+        }
+        b.batch.put(key, value);
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Adds a delete of `key` to the batch (an absent key is not an error).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_delete(
+    batch: *mut NumakvBatch,
+    key: *const u8,
+    key_len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch and buffer.
+        let b = unsafe { batch_arg(batch) }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
+        if key.is_empty() {
+            return Err(invalid("the empty key is not a key"));
+        }
+        b.batch.delete(key);
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Adds a precondition: the batch applies only if `key` is absent when it runs (MSETNX).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_require_absent(
+    batch: *mut NumakvBatch,
+    key: *const u8,
+    key_len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch and buffer.
+        let b = unsafe { batch_arg(batch) }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
+        if key.is_empty() {
+            return Err(invalid("the empty key is not a key"));
+        }
+        b.batch.require_absent(key);
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Empties the batch for reuse.
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_clear(batch: *mut NumakvBatch) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch.
+        unsafe { batch_arg(batch) }?.batch.clear();
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Frees a batch; NULL does nothing.
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_free(batch: *mut NumakvBatch) -> c_int {
+    guard(|| {
+        if !batch.is_null() {
+            // SAFETY: a batch from numakv_batch_new, not yet freed (the contract).
+            drop(unsafe { Box::from_raw(batch) });
+        }
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Applies the batch to a bytes store all or nothing, durable when it returns: every key and
+/// value is checked first; a failure part-way (a full store) rolls back; a crash is finished
+/// by the next open. `*applied` (may be NULL) is false when a precondition failed (nothing was
+/// written). The batch is left as it was (free or clear it).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_bwrite_batch(
+    store: *const NumakvStore,
+    batch: *const NumakvBatch,
+    applied: *mut bool,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's handle and batch.
+        let s = bytes_store(unsafe { store_arg(store) }?)?;
+        let b = unsafe { batch.as_ref() }.ok_or_else(|| invalid("batch is null"))?;
+        let outcome = s.write_batch(&b.batch)?;
+        if !applied.is_null() {
+            out(applied, outcome.applied, "applied")?;
+        }
         Ok(NUMAKV_OK)
     })
 }

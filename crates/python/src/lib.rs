@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use facade::{
     BytesStore, EngineKind, Error, IndexError, LatencyModel, Options, PersistMode, PoolError,
-    Store, StoreKind,
+    Store, StoreKind, WriteBatch,
 };
 use pyo3::exceptions::{
     PyException, PyKeyError, PyOSError, PyRuntimeError, PyTypeError, PyValueError,
@@ -608,7 +608,7 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        self.write(py, key, Some(value), Op::Put).map(|_| ())
+        self.write_op(py, key, Some(value), Op::Put).map(|_| ())
     }
 
     /// `store[key] = value`.
@@ -623,7 +623,7 @@ impl PyStore {
 
     /// `del store[key]`: KeyError when absent.
     fn __delitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        if self.write(py, key, None, Op::Delete)? {
+        if self.write_op(py, key, None, Op::Delete)? {
             Ok(())
         } else {
             Err(PyKeyError::new_err(key.clone().unbind()))
@@ -637,7 +637,7 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.write(py, key, Some(value), Op::Insert)
+        self.write_op(py, key, Some(value), Op::Insert)
     }
 
     /// Overwrites `key`'s value if present; whether it did.
@@ -647,12 +647,12 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.write(py, key, Some(value), Op::Update)
+        self.write_op(py, key, Some(value), Op::Update)
     }
 
     /// Removes `key`; whether it was present.
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        self.write(py, key, None, Op::Delete)
+        self.write_op(py, key, None, Op::Delete)
     }
 
     /// Pairs in ascending key order from `start` (inclusive) to `end` (exclusive; None: no
@@ -700,6 +700,21 @@ impl PyStore {
         }
         it.release();
         Ok(n)
+    }
+
+    /// Applies `batch` (a `WriteBatch`) to a bytes store all or nothing, durable when it
+    /// returns; False when one of its `require_absent` keys was present (nothing written).
+    fn write(&self, py: Python<'_>, batch: &Bound<'_, PyWriteBatch>) -> PyResult<bool> {
+        let s = self.bytes()?;
+        let b = batch.borrow().batch.clone();
+        let outcome = py.allow_threads(|| s.write_batch(&b)).map_err(ix)?;
+        Ok(outcome.applied)
+    }
+
+    /// A `WriteBatch` bound to this store: `with s.write_batch() as b: b.put(k, v)` applies it
+    /// when the block ends without an exception (and drops it when one was raised).
+    fn write_batch(slf: &Bound<'_, Self>) -> PyWriteBatch {
+        PyWriteBatch { batch: WriteBatch::new(), store: Some(slf.clone().unbind()) }
     }
 
     /// Space and engine counters: {'engine', 'kind', 'nodes', 'pm_bytes', 'pm_bytes_per_node',
@@ -863,7 +878,7 @@ impl PyStore {
         }
     }
 
-    fn write(
+    fn write_op(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
@@ -984,6 +999,87 @@ impl PyStore {
         };
         it.state = Some(state);
         Ok(it)
+    }
+}
+
+// --- write batches -------------------------------------------------------------------------
+
+/// Puts, deletes and absent-key preconditions for a bytes store, applied all or nothing by
+/// `Store.write(batch)` (or at the end of `with store.write_batch() as batch:`).
+#[pyclass(module = "numakv._native", name = "WriteBatch")]
+struct PyWriteBatch {
+    batch: WriteBatch,
+    store: Option<Py<PyStore>>,
+}
+
+fn batch_key(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
+    match key_of(obj)? {
+        Key::Bytes(b) => Ok(b),
+        Key::Int(_) => {
+            Err(exc(Exc::WrongKind, format!("a write batch takes bytes-like or str {what}s")))
+        }
+    }
+}
+
+#[pymethods]
+impl PyWriteBatch {
+    #[new]
+    fn new() -> PyWriteBatch {
+        PyWriteBatch { batch: WriteBatch::new(), store: None }
+    }
+
+    /// Adds a put of `key → value`.
+    fn put(&mut self, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (k, v) = (batch_key(key, "key")?, batch_key(value, "value")?);
+        self.batch.put(&k, &v);
+        Ok(())
+    }
+
+    /// Adds a delete of `key` (absent: nothing to do).
+    fn delete(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let k = batch_key(key, "key")?;
+        self.batch.delete(&k);
+        Ok(())
+    }
+
+    /// The batch applies only if `key` is absent when it runs.
+    fn require_absent(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let k = batch_key(key, "key")?;
+        self.batch.require_absent(&k);
+        Ok(())
+    }
+
+    /// Forgets every operation and precondition.
+    fn clear(&mut self) {
+        self.batch.clear();
+    }
+
+    /// The number of puts and deletes.
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Applies the batch to its store when the block ended without an exception.
+    #[pyo3(signature = (t = None, _v = None, _tb = None))]
+    fn __exit__(
+        slf: &Bound<'_, Self>,
+        t: Option<PyObject>,
+        _v: Option<PyObject>,
+        _tb: Option<PyObject>,
+    ) -> PyResult<bool> {
+        if t.is_some() {
+            return Ok(false);
+        }
+        let store = slf.borrow().store.as_ref().map(|s| s.clone_ref(slf.py()));
+        let Some(store) = store else {
+            return Err(exc(Exc::Invalid, "this batch has no store: use store.write(batch)"));
+        };
+        store.get().write(slf.py(), slf)?;
+        Ok(false)
     }
 }
 
@@ -1182,6 +1278,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyStore>()?;
     m.add_class::<ScanIter>()?;
+    m.add_class::<PyWriteBatch>()?;
     let e = exceptions(py)?;
     m.add("NumakvError", e.base.bind(py))?;
     m.add("InvalidArgument", e.invalid.bind(py))?;

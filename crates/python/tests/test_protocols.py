@@ -201,11 +201,16 @@ def test_calls_release_the_gil(tmp_path):
             spins[0] += 1
             time.sleep(0)  # hands the GIL back at once (the interval would not, for 1000 s)
 
+    for k in range(1, 3001):
+        s.put(k, k)
+
     def writer():
-        for k in range(1, 5001):
-            s.put(k, k)
+        # check() walks the whole store in native code (milliseconds): while it has the GIL
+        # released, a waiting thread gets it. Up to 200 of them, until the spinner has run.
+        for i in range(200):
+            assert s.check() == 3000
             if spins[0] > 0:
-                seen_during_writes.append(k)
+                seen_during_writes.append(i)
                 break
         done.set()
 
@@ -308,3 +313,37 @@ def test_the_package_is_typed():
     text = open(stub, encoding="utf-8").read()
     for name in ("class Store", "def __contains__", "def __delitem__", "class Forked", "def scan"):
         assert name in text
+
+
+def test_write_batches_are_all_or_nothing(tmp_path):
+    with make(tmp_path, bytes=True) as b:
+        b["old"] = "x"
+        wb = numakv.WriteBatch()
+        wb.put("a", "1")
+        wb.put(b"b", bytearray(b"2"))
+        wb.delete("old")
+        assert len(wb) == 3
+        assert b.write(wb) is True
+        assert dict(b.items()) == {b"a": b"1", b"b": b"2"}
+        nx = numakv.WriteBatch()
+        nx.put("c", "3")
+        nx.require_absent("a")
+        assert b.write(nx) is False and "c" not in b  # precondition failed: nothing written
+        bad = numakv.WriteBatch()
+        bad.put("d", "4")
+        bad.put("huge", b"x" * (2 << 20))
+        with pytest.raises(numakv.TooLarge):
+            b.write(bad)
+        assert "d" not in b  # checked before anything was written
+        with b.write_batch() as wb2:
+            wb2.put("e", "5")
+            wb2.delete("a")
+        assert b["e"] == b"5" and "a" not in b
+        with pytest.raises(ZeroDivisionError):
+            with b.write_batch() as wb3:
+                wb3.put("f", "6")
+                1 / 0
+        assert "f" not in b  # an exception drops the batch
+    with make(tmp_path, "i") as s:
+        with pytest.raises(numakv.WrongKind):
+            s.write(numakv.WriteBatch())

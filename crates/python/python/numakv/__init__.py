@@ -29,6 +29,7 @@ from ._native import (  # noqa: F401
     StoreIoError,
     Store,
     TooLarge,
+    WriteBatch,
     WrongKind,
     __version__,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "StoreIoError",
     "Store",
     "TooLarge",
+    "WriteBatch",
     "WrongKind",
     "bench",
 ]
