@@ -46,6 +46,25 @@ fn static_library() -> PathBuf {
         .clone()
 }
 
+/// Where the compiled C and C++ programs go: one directory per test binary run, shared by its
+/// tests (each program is compiled once, see `compiled`).
+fn build_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
+/// `c/<name>.c`, compiled once per test run (tests run in parallel; the first one builds).
+fn compiled(name: &'static str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(&str, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, bin)) = built.iter().find(|(n, _)| *n == name) {
+        return bin.clone();
+    }
+    let bin = compile(name, build_dir());
+    built.push((name, bin.clone()));
+    bin
+}
+
 /// Compiles `c/<name>.c` into `dir` with warnings as errors; returns the binary.
 fn compile(name: &str, dir: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -118,7 +137,7 @@ fn defect_scenario(bin: &Path, scenario: &str, dir: &Path) -> String {
 #[test]
 fn a_fork_child_is_refused_and_the_parents_store_stays_intact() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = compile("defects", tmp.path());
+    let bin = compiled("defects");
     let text = defect_scenario(&bin, "fork", &tmp.path().join("s"));
     assert!(text.contains("child refused, parent's store intact"), "{text}");
 }
@@ -126,7 +145,7 @@ fn a_fork_child_is_refused_and_the_parents_store_stays_intact() {
 #[test]
 fn a_call_from_a_thread_exit_destructor_does_not_abort() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = compile("defects", tmp.path());
+    let bin = compiled("defects");
     let text = defect_scenario(&bin, "thread-exit", &tmp.path().join("s"));
     assert!(text.contains("thread-exit:"), "{text}");
 }
@@ -134,28 +153,28 @@ fn a_call_from_a_thread_exit_destructor_does_not_abort() {
 #[test]
 fn iter_next_with_a_null_output_keeps_its_pair() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = compile("defects", tmp.path());
+    let bin = compiled("defects");
     defect_scenario(&bin, "iter-null", &tmp.path().join("s"));
 }
 
 #[test]
 fn bget_clears_outputs_on_a_miss_and_returns_a_real_empty_buffer() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = compile("defects", tmp.path());
+    let bin = compiled("defects");
     defect_scenario(&bin, "bget", &tmp.path().join("s"));
 }
 
 #[test]
 fn absurd_lengths_are_refused_as_too_large() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = compile("defects", tmp.path());
+    let bin = compiled("defects");
     defect_scenario(&bin, "huge-len", &tmp.path().join("s"));
 }
 
 #[test]
 fn a_c_program_uses_ranges_prefixes_placement_threads_and_open_options() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = compile("features", tmp.path());
+    let bin = compiled("features");
     let engines = [
         ("fastfair", "nodes=2,capacity=64M"),
         ("nobtree", "nodes=2,capacity=64M"),
@@ -181,7 +200,12 @@ fn a_c_program_uses_ranges_prefixes_placement_threads_and_open_options() {
 /// Builds `wrappers/pibench` (the wrapper, as a shared library over `libnumakv.a`) against the
 /// `tree_api.hpp` written from PiBench's documentation, and the driver that stands in for
 /// PiBench; returns (wrapper, driver).
-fn pibench_build(dir: &Path) -> (PathBuf, PathBuf) {
+fn pibench_build() -> (PathBuf, PathBuf) {
+    static BUILT: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| pibench_compile(build_dir())).clone()
+}
+
+fn pibench_compile(dir: &Path) -> (PathBuf, PathBuf) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let pibench = root.join("wrappers/pibench");
     let lib = static_library();
@@ -232,8 +256,7 @@ fn pibench_run(driver: &Path, wrapper: &Path, key_size: &str, env: &[(&str, &str
 
 #[test]
 fn the_pibench_wrapper_places_threads_on_both_nodes_and_scans_in_key_order() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (wrapper, driver) = pibench_build(tmp.path());
+    let (wrapper, driver) = pibench_build();
     for engine in ["nobtree", "fastfair"] {
         let env = [("NUMAKV_ENGINE", engine), ("NUMAKV_OPTIONS", "nodes=2")];
         let text = pibench_run(&driver, &wrapper, "8", &env);
@@ -250,8 +273,7 @@ fn the_pibench_wrapper_places_threads_on_both_nodes_and_scans_in_key_order() {
 #[test]
 fn the_pibench_wrapper_reports_bad_settings_and_foreign_stores() {
     let tmp = tempfile::tempdir().unwrap();
-    let (wrapper, driver) = pibench_build(tmp.path());
-    let shm_before = std::fs::read_dir("/dev/shm").map(|d| d.count()).unwrap_or(0);
+    let (wrapper, driver) = pibench_build();
     for (env, says) in [
         ([("NUMAKV_ENGINE", "no-such-engine"), ("NUMAKV_OPTIONS", "")], "no-such-engine"),
         ([("NUMAKV_ENGINE", "fastfair"), ("NUMAKV_OPTIONS", "leaf_slots=7")], "leaf_slots"),
@@ -261,9 +283,17 @@ fn the_pibench_wrapper_reports_bad_settings_and_foreign_stores() {
         assert!(!run.status.success(), "{env:?}: {text}");
         assert!(text.contains("creating a") && text.contains(says), "{env:?}: {text}");
         assert!(!text.contains("no numakv store here"), "{text}");
+        // "... store in /dev/shm/numakv-pibench-XXXXXX/store (options ...": its scratch
+        // directory is gone.
+        let dir = text
+            .split(" store in ")
+            .nth(1)
+            .and_then(|rest| rest.split(" (options").next())
+            .unwrap_or_else(|| panic!("no store directory in {text}"));
+        let scratch = Path::new(dir).parent().unwrap();
+        assert!(scratch.starts_with("/dev/shm"), "{text}");
+        assert!(!scratch.exists(), "a failed create left {} behind", scratch.display());
     }
-    let shm_after = std::fs::read_dir("/dev/shm").map(|d| d.count()).unwrap_or(0);
-    assert!(shm_after <= shm_before, "a failed create left its scratch directory in /dev/shm");
 
     // A store of another engine at --pool_path is refused with a message, not used blindly.
     let pool = tmp.path().join("pool");
