@@ -132,10 +132,11 @@ int numakv_open_with(const char *dir, const char *options, struct numakv_store *
 // Closes the store cleanly (everything durable, the next open needs no recovery) and frees the
 // handle. NULL is accepted and does nothing.
 //
-// The handle stays valid (the caller's) only when the call fails with `NUMAKV_ERR_BUSY` (scan
-// iterators are open) or `NUMAKV_ERR_FORKED` (another process's handle). Every other outcome
-// frees it: `NUMAKV_OK`, or an error from the close itself (I/O, a failed background task),
-// after which the store was not marked clean and the next open recovers it.
+// The handle stays valid (the caller's) only when the call is refused before closing anything:
+// `NUMAKV_ERR_BUSY` (scan iterators are open), `NUMAKV_ERR_FORKED` (another process's handle),
+// or `NUMAKV_ERR_OTHER` from a thread-exit destructor (the message says so). Every other
+// outcome frees it: `NUMAKV_OK`, or an error from the close itself (I/O, a failed background
+// task), after which the store was not marked clean and the next open recovers it.
 int numakv_close(struct numakv_store *store);
 
 // Frees the handle without closing the store: as far as the store is concerned, the process

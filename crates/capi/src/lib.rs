@@ -573,10 +573,11 @@ pub unsafe extern "C" fn numakv_open_with(
 /// Closes the store cleanly (everything durable, the next open needs no recovery) and frees the
 /// handle. NULL is accepted and does nothing.
 ///
-/// The handle stays valid (the caller's) only when the call fails with `NUMAKV_ERR_BUSY` (scan
-/// iterators are open) or `NUMAKV_ERR_FORKED` (another process's handle). Every other outcome
-/// frees it: `NUMAKV_OK`, or an error from the close itself (I/O, a failed background task),
-/// after which the store was not marked clean and the next open recovers it.
+/// The handle stays valid (the caller's) only when the call is refused before closing anything:
+/// `NUMAKV_ERR_BUSY` (scan iterators are open), `NUMAKV_ERR_FORKED` (another process's handle),
+/// or `NUMAKV_ERR_OTHER` from a thread-exit destructor (the message says so). Every other
+/// outcome frees it: `NUMAKV_OK`, or an error from the close itself (I/O, a failed background
+/// task), after which the store was not marked clean and the next open recovers it.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_close(store: *mut NumakvStore) -> c_int {
     guard(|| {
