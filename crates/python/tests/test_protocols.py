@@ -347,3 +347,32 @@ def test_write_batches_are_all_or_nothing(tmp_path):
     with make(tmp_path, "i") as s:
         with pytest.raises(numakv.WrongKind):
             s.write(numakv.WriteBatch())
+
+
+def _mp_child(s, q):
+    try:
+        s.put(99_999, 1)
+        q.put("ran")
+    except numakv.Forked as e:
+        q.put("refused: " + str(e))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_multiprocessing_with_fork_is_refused_too(tmp_path):
+    import multiprocessing
+
+    s = make(tmp_path)
+    s[1] = 1
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_mp_child, args=(s, q))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(120)
+    assert p.exitcode == 0
+    assert got.startswith("refused: ") and "fork child" in got, got
+    s[2] = 2
+    assert s.check() == 2
+    s.close()
+    with numakv.Store.open(str(tmp_path / "s")) as s:
+        assert s.recovered is False and list(s) == [1, 2]
