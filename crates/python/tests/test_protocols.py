@@ -311,6 +311,9 @@ def test_the_package_is_typed():
     stub = os.path.join(here, "_native.pyi")
     assert os.path.exists(stub)
     text = open(stub, encoding="utf-8").read()
+    import ast
+
+    ast.parse(text)  # a stub that is not valid Python would break every type checker
     for name in ("class Store", "def __contains__", "def __delitem__", "class Forked", "def scan"):
         assert name in text
 
