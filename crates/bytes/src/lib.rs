@@ -19,12 +19,17 @@
 //!   resuming inside a large tree after its last key.
 //! - **Recovery** ([`recovery`]): the engine recovers, then the layer walks it and every tree and
 //!   returns every node nothing reaches to the allocator — a crash leaks nothing.
+//! - **Write batches** ([`batch`], [`ByteMap::write_batch`]): puts and deletes of several keys,
+//!   all or nothing across a crash (a redo/undo log in the pool, finished by the next open).
 //! - **Pause points** (feature `failpoints` of numakv-pmem, for tests): `bytes.walk.leaf_done` —
 //!   a scan has taken a leaf's pairs and is about to move to the next child;
 //!   `bytes.write.leaf_built` — a leaf writer inside a tree has built its new leaf, not yet
 //!   published; `bytes.cell.slot_written` — an in-place rewrite of a cell has filled the
 //!   inactive slot, the version still names the old one; `bytes.cell.copied` — a reader has
-//!   copied a cell's slot and not yet re-checked its version.
+//!   copied a cell's slot and not yet re-checked its version; `bytes.batch.committed` — a
+//!   write batch's log is committed, no key written yet; `bytes.batch.applied` — a batch has
+//!   written one more key. Fail point `bytes.batch.apply`: the batch's next write fails as if
+//!   the pool were out of space (the batch then rolls back).
 //!
 //! PM format and the crash argument: docs/design.md, "Byte-string layer".
 //!
@@ -46,6 +51,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod batch;
 mod cell;
 pub mod layout;
 pub mod ops;
@@ -62,6 +68,7 @@ use numakv_index::{CheckReport, Engine, EngineStats, Index, RecoveryReport, Resu
 use numakv_pmem::alloc::nsm::Nsm;
 use numakv_pmem::{EngineId, Pool};
 
+pub use crate::batch::{BatchOutcome, WriteBatch};
 pub use crate::cell::CELL_MAX_VALUE;
 pub use crate::layout::{MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::scan::{prefix_end, Scan};
@@ -93,6 +100,11 @@ pub trait ByteMap: Send + Sync {
     fn update(&self, key: &[u8], value: &[u8]) -> Result<bool>;
     /// Removes `key`; `false` if it was absent.
     fn delete(&self, key: &[u8]) -> Result<bool>;
+    /// Applies `batch`'s puts and deletes all or nothing, across a crash too: every key and
+    /// value is checked before anything is written; a failure part-way (the store is full) rolls
+    /// back what was written; a crash after the batch's commit point is rolled forward (or, if it
+    /// was rolling back, back) by the next open. Durable when it returns. See [`batch`].
+    fn write_batch(&self, batch: &WriteBatch) -> Result<BatchOutcome>;
     /// Replaces `out` with the value of `key` and returns `true`, or returns `false` (`out`
     /// untouched) when absent. Reuses `out`'s buffer: no allocation per call once it is large
     /// enough.
@@ -127,6 +139,11 @@ pub struct Bytes<E: Index> {
     nsm: Arc<Nsm>,
     stripes: ops::Stripes,
     limits: TreeLimits,
+    /// One batch at a time (there is one log slot, [`batch::SLOT_BATCH`]).
+    batch_lock: parking_lot::Mutex<()>,
+    /// Set when a batch could neither finish nor roll back: writes are refused until the store
+    /// is reopened (whose recovery rolls that batch back).
+    poisoned: std::sync::OnceLock<String>,
 }
 
 impl<E: Index> fmt::Debug for Bytes<E> {
@@ -145,6 +162,19 @@ impl<E: Index> Bytes<E> {
     /// stores). Not persisted: any tree shape is valid under any limits.
     pub fn tree_limits(&self) -> TreeLimits {
         self.limits
+    }
+
+    /// `Ok` unless a failed batch left the store refusing writes until it is reopened.
+    pub(crate) fn writable(&self) -> Result<()> {
+        match self.poisoned.get() {
+            None => Ok(()),
+            Some(why) => Err(numakv_index::Error::Unsupported(format!("writes refused: {why}"))),
+        }
+    }
+
+    /// Marks the store as refusing writes (the first reason stays).
+    pub(crate) fn poison(&self, why: String) {
+        let _ = self.poisoned.set(why);
     }
 
     /// Sets the split limits (tests use tiny ones to grow deep trees from few keys).
@@ -190,6 +220,9 @@ impl<E: Engine> ByteMap for Bytes<E> {
     }
     fn delete(&self, key: &[u8]) -> Result<bool> {
         self.write(key, ops::Write::Delete)
+    }
+    fn write_batch(&self, batch: &WriteBatch) -> Result<BatchOutcome> {
+        self.apply_batch(batch)
     }
     fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         self.read(key, out)

@@ -78,6 +78,16 @@ impl Stripes {
         &self.prefixes[stripe(x)]
     }
 
+    /// The stripe number of index key `x` (a batch locks its stripes in ascending order).
+    pub(crate) fn index_of(x: u64) -> usize {
+        stripe(x)
+    }
+
+    /// The exclusive lock of stripe number `i` (from [`Stripes::index_of`]).
+    pub(crate) fn lock_exclusive(&self, i: usize) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.prefixes[i].lock.write()
+    }
+
     /// The lock of child slot `i` of the inner node at `node`.
     fn slot(&self, node: PPtr, i: usize) -> &Mutex<()> {
         &self.slots[stripe(node.raw().wrapping_add(8 * i as u64))]
@@ -139,6 +149,7 @@ impl<E: Index> Bytes<E> {
     /// Applies `w` to `key`; the `bool` is what insert / update / delete report (put: `true`).
     pub(crate) fn write(&self, key: &[u8], w: Write<'_>) -> Result<bool> {
         check_key(key)?;
+        self.writable()?;
         let value = match w {
             Write::Put(v) | Write::Insert(v) | Write::Update(v) => {
                 check_value(v)?;
@@ -155,6 +166,20 @@ impl<E: Index> Bytes<E> {
             }
         }
         let _lock = stripe.lock.write();
+        self.write_locked(x, key, w, value)
+    }
+
+    /// [`Bytes::write`] after its checks, by a caller that holds the stripe lock of `x =
+    /// index_key(key)` exclusively (a single write, or a batch that holds all its keys'
+    /// stripes); `value` is `w`'s value, already checked.
+    pub(crate) fn write_locked(
+        &self,
+        x: u64,
+        key: &[u8],
+        w: Write<'_>,
+        value: Option<&[u8]>,
+    ) -> Result<bool> {
+        let stripe = self.stripes.of(x);
         // Not pinned while the engine writes if the engine may wait for a grace period inside
         // its write (NBTree's SMO waits, unpinned itself, for Calloc log slots that come back
         // only after one), which a pin held here would never let end. The tree needs no pin:

@@ -10,6 +10,10 @@
 //!    an old bucket unlinked but not yet freed, a free that had not run — return to the
 //!    allocator. NSM persists nothing for small blocks, so this is all recovery has to do.
 //!
+//! 5. a write batch whose log root slot 17 still names ([`crate::batch`]) is finished: rolled
+//!    forward, or back if it was rolling back (its log block was kept through step 4), before
+//!    the store is handed out — so before any write of whoever opened it.
+//!
 //! Step 3 also repairs a cell whose in-place rewrite a crash interrupted (its version names a
 //! slot not completely written: the version goes back one, `crate::cell`). That and step 4
 //! change nothing persistent but such cells and page descriptors of wholly free pages, and
@@ -45,7 +49,21 @@ pub(crate) fn create<E: Engine>(pool: Arc<Pool>, opts: &E::Options) -> Result<By
     meta.store(BYTES_META, Ordering::Release);
     // PERSIST: the layer exists from now on (the engine is already durable).
     pool.persist_obj(meta);
-    Ok(Bytes { index, pool, nsm, stripes: Stripes::new(), limits: TreeLimits::default() })
+    Ok(Bytes::assemble(index, pool, nsm))
+}
+
+impl<E: Index> Bytes<E> {
+    fn assemble(index: E, pool: Arc<Pool>, nsm: Arc<Nsm>) -> Bytes<E> {
+        Bytes {
+            index,
+            pool,
+            nsm,
+            stripes: Stripes::new(),
+            limits: TreeLimits::default(),
+            batch_lock: Default::default(),
+            poisoned: Default::default(),
+        }
+    }
 }
 
 /// Every `(index key, bucket)` of the engine, ascending.
@@ -81,6 +99,9 @@ pub(crate) fn open<E: Engine>(
     let (index, raw) = E::open(Arc::clone(&pool), opts)?;
     let roots = walk(&index)?;
     let mut nodes = Vec::with_capacity(roots.len());
+    // A batch's log still in its slot: kept allocated until the batch is finished below.
+    let log = crate::batch::pending_log(&pool)?;
+    nodes.extend(log);
     let mut cells_repaired = 0u64;
     for &(_, p) in &roots {
         // SAFETY: nothing runs concurrently with recovery; `p` is linked in the index.
@@ -94,15 +115,22 @@ pub(crate) fn open<E: Engine>(
     }
     let (nsm, rec) =
         Nsm::recover_owned(Arc::clone(&pool), NsmMode::Local, OWNER_BYTES, nodes.iter().copied())?;
+    let b = Bytes::assemble(index, pool, nsm);
+    let (forward, back) = match log {
+        Some(log) => crate::batch::recover(&b, log)?,
+        None => (0, 0),
+    };
     let mut counters = raw.counters;
     counters.extend([
+        ("bytes_batches_rolled_forward", forward),
+        ("bytes_batches_rolled_back", back),
         ("bytes_prefixes", roots.len() as u64),
         ("bytes_nodes", nodes.len() as u64),
         ("bytes_cells_repaired", cells_repaired),
         ("bytes_extents_freed", rec.pages_freed + rec.large_freed),
     ]);
     let report = RecoveryReport { was_clean: raw.was_clean, elapsed: t0.elapsed(), counters };
-    Ok((Bytes { index, pool, nsm, stripes: Stripes::new(), limits: TreeLimits::default() }, report))
+    Ok((b, report))
 }
 
 /// [`crate::ByteMap::stats`]: the engine's, plus the layer's NSM pages per node.

@@ -134,7 +134,8 @@ static void int_store(const char *engine, const char *dir) {
     size_t len = 0;
     CHECK(numakv_stats_json(s, &json, &len));
     EXPECT(strstr(json, "\"kind\":\"int\"") != NULL);
-    numakv_free((uint8_t *)json, len);
+    EXPECT(strlen(json) == len);
+    numakv_free(json);
     CHECK(numakv_close(s));
 
     uint64_t last = crash_while_writing(dir, int_writer, 2000);
@@ -168,10 +169,10 @@ static void bytes_store(const char *engine, const char *dir) {
     size_t vlen = 0;
     CHECK(numakv_bget(s, (const uint8_t *)"user:10", 7, &val, &vlen, &done));
     EXPECT(done && vlen == 2 && memcmp(val, "he", 2) == 0);
-    numakv_free(val, vlen);
+    numakv_free(val);
     CHECK(numakv_bget(s, bin, 4, &val, &vlen, &done));
     EXPECT(done && vlen == 4 && memcmp(val, bin, 4) == 0);
-    numakv_free(val, vlen);
+    numakv_free(val);
     CHECK(numakv_bdelete(s, (const uint8_t *)"zeta", 4, &done));
     EXPECT(done);
 
@@ -184,8 +185,8 @@ static void bytes_store(const char *engine, const char *dir) {
     int n = 0, rc;
     while ((rc = numakv_biter_next(it, &k, &klen, &v, &vlen)) == NUMAKV_OK) {
         EXPECT(n < 3 && klen == strlen(want[n]) && memcmp(k, want[n], klen) == 0);
-        numakv_free(k, klen);
-        numakv_free(v, vlen);
+        numakv_free(k);
+        numakv_free(v);
         n++;
     }
     EXPECT(rc == NUMAKV_END && n == 3);
@@ -213,7 +214,7 @@ static void bytes_store(const char *engine, const char *dir) {
             fprintf(stderr, "%s: acknowledged key %s lost or torn after the crash\n", engine, key);
             exit(1);
         }
-        numakv_free(val, vlen);
+        numakv_free(val);
     }
     uint64_t entries = 0;
     /* The put in flight when the kill landed may have completed unacknowledged: then it is
@@ -227,7 +228,7 @@ static void bytes_store(const char *engine, const char *dir) {
                           (unsigned long long)i, (unsigned long long)i);
         CHECK(numakv_bget(s, (const uint8_t *)key, (size_t)kl, &val, &vlen, &done));
         EXPECT(done && vlen == (size_t)el && memcmp(val, expect, vlen) == 0);
-        numakv_free(val, vlen);
+        numakv_free(val);
     }
     CHECK(numakv_close(s));
     printf("%s bytes: scan in memcmp order, limits refused, %llu acknowledged keys survived "

@@ -8,28 +8,53 @@
 //!   thread's message until its next call.
 //! - A null pointer, a reserved integer key (0 or 2^64−1), an empty or over-long byte key or an
 //!   over-long value is [`NUMAKV_ERR_INVALID`] or [`NUMAKV_ERR_TOO_LARGE`], never a crash. No Rust
-//!   panic crosses the boundary: one becomes [`NUMAKV_ERR_PANIC`].
+//!   panic crosses the boundary, not even from a call made while the thread exits (a
+//!   `pthread_key_create` or C++ `thread_local` destructor): one becomes [`NUMAKV_ERR_PANIC`].
 //! - A store handle may be used from many threads at once. [`numakv_close`] must be the last call
-//!   on it (it fails with [`NUMAKV_ERR_BUSY`] while scan iterators are open). A thread that
-//!   should count as running on NUMA node `n` calls [`numakv_thread_set_node`] once; threads
-//!   that do not are on node 0.
+//!   on it (it fails with [`NUMAKV_ERR_BUSY`] while scan iterators are open).
+//! - **One process.** A handle belongs to the process that created or opened it. After `fork()`
+//!   the child must not use the parent's handles or iterators (each side would have its own
+//!   allocator state and locks over the same mapped files): every call on them in the child,
+//!   `numakv_close` and `numakv_abandon` included, fails with [`NUMAKV_ERR_FORKED`] and changes
+//!   nothing, in the child or in the store. (LMDB states the same rule for its environments.)
+//!   The child may open the store itself once the parent has closed it.
+//! - **NUMA placement.** Node files are bound (`mbind`) to their NUMA node when the machine has
+//!   that many nodes; otherwise the nodes are emulated — the rule `numakv bench` uses
+//!   (`Topology::with_nodes`). A thread counts as running on node 0 until it calls
+//!   [`numakv_thread_set_node`] or [`numakv_thread_register`], which also pin it on request.
 //! - Results are durable when a mutating call returns, in the store's persistence mode.
-//! - Buffers the library returns (values, keys, JSON) are freed with [`numakv_free`].
+//!
+//! Ownership, as in RocksDB's C API:
+//! - Arguments are borrowed for the duration of the call; the library copies whatever it keeps.
+//! - A buffer the library returns through a `uint8_t **` or `char **` (values, keys, JSON) is
+//!   the caller's, allocated with `malloc`: free it with [`numakv_free`] (its length is not
+//!   needed). Such a pointer is never null when the call returns `NUMAKV_OK` with a result, even
+//!   for an empty value.
+//! - A store handle is the caller's until [`numakv_close`] or [`numakv_abandon`] frees it; an
+//!   iterator until [`numakv_iter_free`]. An iterator keeps the store alive; it never outlives
+//!   its handle's close (close fails with BUSY while one is open).
+//! - The string of [`numakv_last_error`] and [`numakv_version`] belongs to the library.
 
 #![allow(clippy::missing_safety_doc)] // every extern function's contract is in its docs above
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once};
 
-use facade::{BytesStore, EngineKind, Error, Options, PersistMode, Store, StoreKind};
+use facade::{
+    BytesStore, EngineKind, Error, LatencyModel, Options, PersistMode, Store, StoreKind,
+    WriteBatch, MAX_KEY_LEN, MAX_VALUE_LEN,
+};
+use numakv_numa::{Placement, Registry, Topology};
 
 /// Success.
 pub const NUMAKV_OK: c_int = 0;
 /// An iterator has no more pairs.
 pub const NUMAKV_END: c_int = 1;
-/// A null pointer, a reserved or empty key, a malformed option or engine name.
+/// A null pointer, a reserved or empty key, a malformed option or engine name, a node out of
+/// range.
 pub const NUMAKV_ERR_INVALID: c_int = -1;
 /// A key or value over the limit (keys 1 KiB, values 1 MiB).
 pub const NUMAKV_ERR_TOO_LARGE: c_int = -2;
@@ -47,10 +72,25 @@ pub const NUMAKV_ERR_BUSY: c_int = -7;
 pub const NUMAKV_ERR_PANIC: c_int = -8;
 /// Anything else; the message says what.
 pub const NUMAKV_ERR_OTHER: c_int = -9;
+/// A handle or iterator used by a process other than the one that opened it (a `fork()` child):
+/// refused, nothing changed.
+pub const NUMAKV_ERR_FORKED: c_int = -10;
+
+/// Flag of [`numakv_thread_set_node`] and [`numakv_thread_register`]: also restrict the calling
+/// thread to the node's CPUs (`sched_setaffinity`; with `register`, to the one CPU the placement
+/// gives it, as `numakv bench --pin true` does).
+pub const NUMAKV_PIN: u32 = 1;
+/// Flag of [`numakv_thread_register`]: round-robin over the nodes (thread `i` on node
+/// `i % nodes`) instead of filling node 0's CPUs first.
+pub const NUMAKV_INTERLEAVE: u32 = 2;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
+
+/// What [`numakv_last_error`] returns once the thread's own message is gone (thread exit).
+const NO_MESSAGE: &CStr =
+    c"(no message: the calling thread is exiting and its numakv error slot is gone)";
 
 /// A status and its message.
 struct Failure(c_int, String);
@@ -96,17 +136,26 @@ impl From<facade::IndexError> for Failure {
     }
 }
 
-/// Runs `f`, turning an error or a panic into a status and the thread's message.
+impl From<numakv_numa::NumaError> for Failure {
+    fn from(e: numakv_numa::NumaError) -> Failure {
+        Failure(NUMAKV_ERR_OTHER, e.to_string())
+    }
+}
+
+/// The text of a panic payload.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs `f`, turning an error or a panic into a status and the thread's message. Everything,
+/// the message slot included, runs inside `catch_unwind`, and the slot is reached with
+/// `try_with`: a call from a thread-exit destructor, after the thread's locals are gone, gets
+/// its status without a message rather than an abort.
 fn guard(f: impl FnOnce() -> Res<c_int>) -> c_int {
-    let outcome = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let what = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
-        Err(Failure(NUMAKV_ERR_PANIC, format!("internal error (panic): {what}")))
-    });
-    match outcome {
+    let run = catch_unwind(AssertUnwindSafe(|| match f() {
         Ok(code) => {
             set_error("");
             code
@@ -115,20 +164,119 @@ fn guard(f: impl FnOnce() -> Res<c_int>) -> c_int {
             set_error(&msg);
             code
         }
+    }));
+    match run {
+        Ok(code) => code,
+        Err(p) => {
+            let msg = format!("internal error (panic): {}", panic_text(&*p));
+            // Dropping the payload or storing the message could itself panic: swallow that too.
+            let _ = catch_unwind(AssertUnwindSafe(move || {
+                drop(p);
+                set_error(&msg);
+            }));
+            NUMAKV_ERR_PANIC
+        }
     }
 }
 
 fn set_error(msg: &str) {
     let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    // An Err here means the thread is exiting and its slot was destroyed: nothing to keep.
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut slot) = e.try_borrow_mut() {
+            *slot = c;
+        }
+    });
 }
 
-/// The calling thread's message for its last failed call ("" after a success). The pointer
-/// stays valid until the thread's next numakv call; never null.
+/// The calling thread's message for its last failed call ("" after a success). The string
+/// belongs to the library and stays valid until the thread's next numakv call; never null.
 #[no_mangle]
 pub extern "C" fn numakv_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|e| e.try_borrow().map(|s| s.as_ptr()).unwrap_or(NO_MESSAGE.as_ptr()))
+            .unwrap_or(NO_MESSAGE.as_ptr())
+    })
+    .unwrap_or(NO_MESSAGE.as_ptr())
 }
+
+/// The library's version, `"MAJOR.MINOR.PATCH"` (a static string; never null).
+#[no_mangle]
+pub extern "C" fn numakv_version() -> *const c_char {
+    const V: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+    V.as_ptr().cast()
+}
+
+// --- one process -----------------------------------------------------------------------------
+
+/// Bumped in the child of every `fork()` (a `pthread_atfork` handler): a handle remembers the
+/// generation it was opened in, and a handle from an older generation belongs to an ancestor.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+static ATFORK: Once = Once::new();
+
+extern "C" fn forked_child() {
+    // ORDERING: Relaxed; the child is single-threaded right after fork, and every later thread
+    // of the child is created after this store (thread creation synchronizes).
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The current fork generation, installing the atfork handler on first use.
+fn fork_generation() -> u64 {
+    ATFORK.call_once(|| {
+        // SAFETY: registers a plain `extern "C" fn()` with no preconditions; it only touches an
+        // atomic, which is async-signal-safe as fork's child handlers must be.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    });
+    // ORDERING: Relaxed; see forked_child.
+    FORK_GENERATION.load(Ordering::Relaxed)
+}
+
+/// Which process a handle or iterator belongs to.
+#[derive(Clone, Copy)]
+struct Owner {
+    generation: u64,
+    pid: u32,
+}
+
+impl Owner {
+    fn here() -> Owner {
+        Owner { generation: fork_generation(), pid: std::process::id() }
+    }
+
+    fn check(&self, what: &str) -> Res<()> {
+        // ORDERING: Relaxed; see forked_child.
+        if FORK_GENERATION.load(Ordering::Relaxed) == self.generation {
+            return Ok(());
+        }
+        Err(Failure(
+            NUMAKV_ERR_FORKED,
+            format!(
+                "this {what} belongs to process {} and this is process {} (a fork child): a \
+                 numakv handle may only be used by the process that opened it; nothing was done \
+                 (open the store in the child once the parent has closed it)",
+                self.pid,
+                std::process::id()
+            ),
+        ))
+    }
+}
+
+/// Refuses a call from a thread whose numakv thread state is gone (a destructor running at
+/// thread exit after the thread's locals were destroyed): the engines would need a thread id.
+fn thread_alive() -> Res<()> {
+    numakv_numa::try_tid().map(|_| ()).map_err(|e| {
+        Failure(
+            NUMAKV_ERR_OTHER,
+            format!(
+                "{e}: this call came from a thread-exit destructor after the thread's numakv state \
+                 was torn down; make it before the thread ends"
+            ),
+        )
+    })
+}
+
+// --- handles ---------------------------------------------------------------------------------
 
 /// What a handle holds: the store, shared with its open iterators.
 enum Kind {
@@ -139,17 +287,42 @@ enum Kind {
 /// An open store (opaque).
 pub struct NumakvStore {
     kind: Kind,
+    owner: Owner,
+    /// The store's nodes on this machine: real ones (pools bound to them) or emulated.
+    topology: Arc<Topology>,
+    /// Placement of `numakv_thread_register`, the bench's registries (pinning done here).
+    fill: Registry,
+    interleave: Registry,
+}
+
+impl NumakvStore {
+    fn new(kind: Kind, topology: Arc<Topology>) -> NumakvStore {
+        let fill = Registry::new(Arc::clone(&topology), Placement::Fill).with_pinning(false);
+        let interleave =
+            Registry::new(Arc::clone(&topology), Placement::Interleave).with_pinning(false);
+        NumakvStore { kind, owner: Owner::here(), topology, fill, interleave }
+    }
+
+    fn nodes(&self) -> usize {
+        match &self.kind {
+            Kind::Int(s) => s.pool().nodes(),
+            Kind::Bytes(s) => s.pool().nodes(),
+        }
+    }
 }
 
 /// A scan in progress (opaque).
 pub struct NumakvIter {
     kind: IterKind,
+    owner: Owner,
 }
 
 enum IterKind {
     Int {
         store: Arc<Store>,
         next: Option<u64>,
+        /// Exclusive upper bound; `u64::MAX` (a reserved key) means none.
+        end: u64,
         buf: Vec<(u64, u64)>,
         at: usize,
     },
@@ -174,21 +347,34 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Res<&'a str> {
     unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-unsafe fn bytes_arg<'a>(p: *const u8, len: usize, what: &str) -> Res<&'a [u8]> {
+/// The `len` bytes at `p`, after checking `len` against `max` (so no slice is ever built from
+/// an absurd length).
+unsafe fn bytes_arg<'a>(p: *const u8, len: usize, max: usize, what: &str) -> Res<&'a [u8]> {
+    if len > max {
+        return Err(Failure(
+            NUMAKV_ERR_TOO_LARGE,
+            format!("{what} is {len} bytes; the limit is {max}"),
+        ));
+    }
     if len == 0 {
         return Ok(&[]);
     }
     if p.is_null() {
         return Err(invalid(format!("{what} is null with length {len}")));
     }
-    // SAFETY: the caller passes `len` readable bytes at `p` that outlive the call.
+    // SAFETY: the caller passes `len` readable bytes at `p` that outlive the call; `len` is at
+    // most 1 MiB (checked above), far below isize::MAX.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 
+/// The handle behind `s`, after checking that this process owns it and this thread can work.
 unsafe fn store_arg<'a>(s: *const NumakvStore) -> Res<&'a NumakvStore> {
     // SAFETY: a non-null handle came from numakv_create*/numakv_open and is not closed yet
     // (the contract); shared references are all the calls need.
-    unsafe { s.as_ref() }.ok_or_else(|| invalid("store handle is null"))
+    let s = unsafe { s.as_ref() }.ok_or_else(|| invalid("store handle is null"))?;
+    s.owner.check("store handle")?;
+    thread_alive()?;
+    Ok(s)
 }
 
 fn out<T>(p: *mut T, v: T, what: &str) -> Res<()> {
@@ -220,9 +406,13 @@ fn bytes_store(s: &NumakvStore) -> Res<&Arc<BytesStore>> {
     }
 }
 
-/// Parses `nodes=2,capacity=1G,mode=adr,<engine option>=<value>,...` (the CLI's create flags and
-/// `-o` options, comma-separated; empty or null for the defaults).
-fn options(kind: EngineKind, text: &str) -> Res<Options> {
+/// Options that only `create` takes: they shape the store.
+const CREATE_ONLY: [&str; 4] = ["nodes", "capacity", "page_size", "mode"];
+
+/// Parses `nodes=2,capacity=1G,mode=adr,accounting=on,latency=optane,<engine option>=<value>`
+/// (the CLI's create flags and `-o` options, comma-separated; empty or null for the defaults).
+/// At open (`creating` false) the store-shaping keys are refused.
+fn options(kind: EngineKind, text: &str, creating: bool) -> Res<Options> {
     let mut opts = Options::default();
     let mut engine = kind.default_options();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -230,6 +420,12 @@ fn options(kind: EngineKind, text: &str) -> Res<Options> {
             .split_once('=')
             .ok_or_else(|| invalid(format!("option {item:?} is not key=value")))?;
         let (k, v) = (k.trim(), v.trim());
+        if !creating && CREATE_ONLY.contains(&k) {
+            return Err(invalid(format!(
+                "option {k} is fixed when the store is created; numakv_open_with takes session \
+                 options only (accounting, latency, engine options such as recovery)"
+            )));
+        }
         match k {
             "nodes" => {
                 opts =
@@ -247,10 +443,35 @@ fn options(kind: EngineKind, text: &str) -> Res<Options> {
                 };
                 opts = opts.mode(mode);
             }
+            "accounting" => {
+                let on = match v {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(invalid(format!("accounting={v}: expected on or off"))),
+                };
+                opts = opts.accounting(on);
+            }
+            "latency" => {
+                opts = opts.latency(v.parse::<LatencyModel>().map_err(invalid)?);
+            }
             _ => engine.set(k, v)?,
         }
     }
     Ok(opts.engine(engine))
+}
+
+/// The store's nodes on this machine: real when it has that many, emulated otherwise — the
+/// bench's rule, so C and Python runs bind their pools as `numakv bench` does.
+fn topology_for(nodes: usize) -> Res<Arc<Topology>> {
+    Ok(Arc::new(Topology::with_nodes(nodes)?))
+}
+
+fn give_handle(out_store: *mut *mut NumakvStore, handle: NumakvStore) -> Res<c_int> {
+    if out_store.is_null() {
+        return Err(invalid("the result pointer is null"));
+    }
+    out(out_store, Box::into_raw(Box::new(handle)), "the result pointer")?;
+    Ok(NUMAKV_OK)
 }
 
 unsafe fn create(
@@ -268,20 +489,22 @@ unsafe fn create(
         return Err(invalid("the result pointer is null"));
     }
     let kind: EngineKind = engine.parse().map_err(Failure::from)?;
-    let opts = options(kind, text)?;
+    let opts = options(kind, text, true)?;
+    let topology = topology_for(opts.nodes.max(1))?;
+    let opts = opts.topology(Arc::clone(&topology));
     let kind = if bytes {
         Kind::Bytes(Arc::new(BytesStore::create(dir, kind, opts)?))
     } else {
         Kind::Int(Arc::new(Store::create(dir, kind, opts)?))
     };
-    out(out_store, Box::into_raw(Box::new(NumakvStore { kind })), "the result pointer")?;
-    Ok(NUMAKV_OK)
+    give_handle(out_store, NumakvStore::new(kind, topology))
 }
 
 /// Creates an integer store (u64 keys and values) in the new directory `dir` with `engine`
 /// (`fastfair`, `nbtree`, `nobtree`, `f3tree`, `nstore`, `nap-fastfair`, ...) and `options`
 /// (`"nodes=2,capacity=1G,mode=adr,leaf_slots=64"`: the CLI's create flags and engine options,
-/// comma-separated; NULL or "" for the defaults). On success `*out` is the handle.
+/// comma-separated, plus `accounting=on|off` and `latency=none|optane`; NULL or "" for the
+/// defaults). On success `*out` is the handle, the caller's until `numakv_close`.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_create(
     dir: *const c_char,
@@ -307,87 +530,201 @@ pub unsafe extern "C" fn numakv_create_bytes(
 }
 
 /// Opens the store in `dir`, integer or bytes as its header says, recovering it if it was not
-/// closed cleanly. On success `*out` is the handle.
+/// closed cleanly. On success `*out` is the handle, the caller's until `numakv_close`.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_open(
     dir: *const c_char,
     out_store: *mut *mut NumakvStore,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { numakv_open_with(dir, std::ptr::null(), out_store) }
+}
+
+/// As [`numakv_open`], with session options (`options`, comma-separated, NULL or "" for none):
+/// `accounting=on|off` (PM access accounting, process-wide), `latency=none|optane` (PM latency
+/// emulation, process-wide) and the engine's session options, e.g. FAST&FAIR's
+/// `recovery=eager` (recover the whole tree before returning). The store-shaping options of
+/// create (`nodes`, `capacity`, `page_size`, `mode`) are refused with `NUMAKV_ERR_INVALID`.
+#[no_mangle]
+pub unsafe extern "C" fn numakv_open_with(
+    dir: *const c_char,
+    options: *const c_char,
+    out_store: *mut *mut NumakvStore,
+) -> c_int {
     guard(|| {
-        // SAFETY: the caller's string.
+        // SAFETY: the caller's strings.
         let dir = unsafe { str_arg(dir, "dir") }?;
+        let text = if options.is_null() { "" } else { unsafe { str_arg(options, "options") }? };
         if out_store.is_null() {
             return Err(invalid("the result pointer is null"));
         }
-        let kind = match Store::open(dir) {
-            Ok(s) => Kind::Int(Arc::new(s)),
-            Err(Error::StoreKind { found: StoreKind::Bytes, .. }) => {
-                Kind::Bytes(Arc::new(BytesStore::open(dir)?))
-            }
-            Err(e) => return Err(e.into()),
+        let (engine, found) = Store::kind_of(dir)?;
+        let header = Store::read_header(dir)?;
+        let topology = topology_for((header.node_count as usize).max(1))?;
+        let opts = self::options(engine, text, false)?.topology(Arc::clone(&topology));
+        let kind = match found {
+            StoreKind::Integer => Kind::Int(Arc::new(Store::open_with(dir, &opts)?)),
+            StoreKind::Bytes => Kind::Bytes(Arc::new(BytesStore::open_with(dir, &opts)?)),
         };
-        out(out_store, Box::into_raw(Box::new(NumakvStore { kind })), "the result pointer")?;
-        Ok(NUMAKV_OK)
+        give_handle(out_store, NumakvStore::new(kind, topology))
     })
 }
 
 /// Closes the store cleanly (everything durable, the next open needs no recovery) and frees the
-/// handle. Fails with `NUMAKV_ERR_BUSY`, the handle still valid, while scan iterators are open.
-/// NULL is accepted and does nothing.
+/// handle. NULL is accepted and does nothing.
+///
+/// The handle stays valid (the caller's) only when the call is refused before closing anything:
+/// `NUMAKV_ERR_BUSY` (scan iterators are open), `NUMAKV_ERR_FORKED` (another process's handle),
+/// or `NUMAKV_ERR_OTHER` from a thread-exit destructor (the message says so). Every other
+/// outcome frees it: `NUMAKV_OK`, or an error from the close itself (I/O, a failed background
+/// task), after which the store was not marked clean and the next open recovers it.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_close(store: *mut NumakvStore) -> c_int {
     guard(|| {
         if store.is_null() {
             return Ok(NUMAKV_OK);
         }
-        // SAFETY: a handle from numakv_create*/numakv_open, not yet closed (the contract).
-        let s = unsafe { Box::from_raw(store) };
-        let busy = match &s.kind {
-            Kind::Int(a) => Arc::strong_count(a) > 1,
-            Kind::Bytes(a) => Arc::strong_count(a) > 1,
+        {
+            // SAFETY: a handle from numakv_create*/numakv_open, not yet closed (the contract).
+            let s = unsafe { &*store };
+            s.owner.check("store handle")?;
+            thread_alive()?;
+        }
+        // SAFETY: as above. The handle is moved out of its allocation; on BUSY it is written
+        // back into the same allocation (the caller's pointer stays valid), otherwise the
+        // allocation is freed below without dropping the moved-out value again.
+        let handle = unsafe { std::ptr::read(store) };
+        let NumakvStore { kind, owner, topology, fill, interleave } = handle;
+        let busy = |kind| {
+            let handle = NumakvStore { kind, owner, topology, fill, interleave };
+            // SAFETY: `store` is the handle's allocation, whose value was moved out above.
+            unsafe { std::ptr::write(store, handle) };
+            Failure(NUMAKV_ERR_BUSY, "scan iterators are still open".into())
         };
-        if busy {
-            let _ = Box::into_raw(s); // still the caller's
-            return Err(Failure(NUMAKV_ERR_BUSY, "scan iterators are still open".into()));
-        }
-        match s.kind {
-            Kind::Int(a) => {
-                Arc::try_unwrap(a).map_err(|_| Failure(NUMAKV_ERR_BUSY, "busy".into()))?.close()?
-            }
-            Kind::Bytes(a) => {
-                Arc::try_unwrap(a).map_err(|_| Failure(NUMAKV_ERR_BUSY, "busy".into()))?.close()?
-            }
-        }
+        let closed = match kind {
+            Kind::Int(a) => match Arc::try_unwrap(a) {
+                Ok(st) => st.close(),
+                Err(a) => return Err(busy(Kind::Int(a))),
+            },
+            Kind::Bytes(a) => match Arc::try_unwrap(a) {
+                Ok(st) => st.close(),
+                Err(a) => return Err(busy(Kind::Bytes(a))),
+            },
+        };
+        // SAFETY: the allocation Box::into_raw made for this handle; its value was moved out, so
+        // it is freed as uninitialised memory.
+        drop(unsafe { Box::from_raw(store.cast::<std::mem::MaybeUninit<NumakvStore>>()) });
+        closed?;
         Ok(NUMAKV_OK)
     })
 }
 
 /// Frees the handle without closing the store: as far as the store is concerned, the process
-/// crashed (the next open recovers). For tests and for embedders that want exactly that.
+/// crashed (the next open recovers). For tests and for embedders that want exactly that. In a
+/// fork child, on the parent's handle, it fails with `NUMAKV_ERR_FORKED` and frees nothing.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_abandon(store: *mut NumakvStore) -> c_int {
     guard(|| {
         if !store.is_null() {
-            // SAFETY: a handle not yet closed (the contract); dropping it is the crash.
+            // SAFETY: a handle not yet closed (the contract).
+            unsafe { &*store }.owner.check("store handle")?;
+            // SAFETY: as above; dropping it is the crash.
             drop(unsafe { Box::from_raw(store) });
         }
         Ok(NUMAKV_OK)
     })
 }
+// --- NUMA placement --------------------------------------------------------------------------
 
-/// Places the calling thread on NUMA node `node` (real or emulated) for the store's placement
-/// and accounting decisions; threads that never call it are on node 0.
+/// Pins the calling thread to `cpus`, or says why it could not.
+fn pin_to(cpus: &[usize], node: usize) -> Res<()> {
+    numakv_numa::pin_current_thread_to(cpus).map_err(|e| {
+        Failure(NUMAKV_ERR_OTHER, format!("pinning the thread to node {node}'s CPUs {cpus:?}: {e}"))
+    })
+}
+
+/// Places the calling thread on the store's NUMA node `node` (`0..nodes`; anything else is
+/// `NUMAKV_ERR_INVALID`) for the engines' per-node structures and the PM accounting's
+/// local/remote split. With `NUMAKV_PIN` in `flags` the thread is also restricted to the node's
+/// CPUs (on an emulated topology, the CPUs the node was given). Threads that never call this
+/// (or [`numakv_thread_register`]) are on node 0. The node is the thread's, for every store.
 #[no_mangle]
-pub extern "C" fn numakv_thread_set_node(node: u32) -> c_int {
+pub unsafe extern "C" fn numakv_thread_set_node(
+    store: *const NumakvStore,
+    node: u32,
+    flags: u32,
+) -> c_int {
     guard(|| {
-        numakv_numa::set_current_node(node as usize);
+        // SAFETY: the caller's handle.
+        let s = unsafe { store_arg(store) }?;
+        let nodes = s.nodes();
+        let node = node as usize;
+        if node >= nodes {
+            return Err(invalid(format!(
+                "node {node} is out of range: the store has {nodes} node(s), 0..={}",
+                nodes - 1
+            )));
+        }
+        if flags & !NUMAKV_PIN != 0 {
+            return Err(invalid(format!("flags {flags:#x}: only NUMAKV_PIN applies here")));
+        }
+        if flags & NUMAKV_PIN != 0 {
+            let cpus = s.topology.node(node).map(|n| n.cpus.clone()).unwrap_or_default();
+            if cpus.is_empty() {
+                return Err(invalid(format!("node {node} has no CPUs to pin the thread to")));
+            }
+            pin_to(&cpus, node)?;
+        }
+        numakv_numa::set_current_node(node);
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Places the calling thread by the bench's rule: the next slot of the store's placement
+/// (`numakv bench --placement fill`, or `interleave` with `NUMAKV_INTERLEAVE` in `flags`),
+/// pinned to that slot's CPU with `NUMAKV_PIN`. `*node` (may be NULL) is the node it got. Call
+/// it once per worker thread, e.g. from a benchmark's thread start.
+#[no_mangle]
+pub unsafe extern "C" fn numakv_thread_register(
+    store: *const NumakvStore,
+    flags: u32,
+    node: *mut u32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's handle.
+        let s = unsafe { store_arg(store) }?;
+        if flags & !(NUMAKV_PIN | NUMAKV_INTERLEAVE) != 0 {
+            return Err(invalid(format!(
+                "flags {flags:#x}: only NUMAKV_PIN and NUMAKV_INTERLEAVE apply here"
+            )));
+        }
+        let registry = if flags & NUMAKV_INTERLEAVE != 0 { &s.interleave } else { &s.fill };
+        let reg = registry.register()?;
+        let slot = reg.slot();
+        // The node stays the thread's after this call: a C thread has no scope to end it in.
+        std::mem::forget(reg);
+        if flags & NUMAKV_PIN != 0 {
+            pin_to(&[slot.cpu], slot.node)?;
+        }
+        if !node.is_null() {
+            out(node, slot.node as u32, "node")?;
+        }
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// The calling thread's NUMA node, as the engines see it, into `*node`.
+#[no_mangle]
+pub unsafe extern "C" fn numakv_thread_node(node: *mut u32) -> c_int {
+    guard(|| {
+        out(node, numakv_numa::current_node() as u32, "node")?;
         Ok(NUMAKV_OK)
     })
 }
 
 // --- u64 keys --------------------------------------------------------------------------------
 
-/// Looks `key` up: `*found` says whether it is present and, if so, `*value` is its value.
+/// Looks `key` up: `*found` says whether it is present and `*value` is its value (0 when absent).
 #[no_mangle]
 pub unsafe extern "C" fn numakv_get(
     store: *const NumakvStore,
@@ -403,9 +740,7 @@ pub unsafe extern "C" fn numakv_get(
         }
         let v = s.get(key)?;
         out(found, v.is_some(), "found")?;
-        if let Some(v) = v {
-            out(value, v, "value")?;
-        }
+        out(value, v.unwrap_or(0), "value")?;
         Ok(NUMAKV_OK)
     })
 }
@@ -413,8 +748,8 @@ pub unsafe extern "C" fn numakv_get(
 /// Inserts or overwrites `key → value`.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_put(store: *const NumakvStore, key: u64, value: u64) -> c_int {
-    // SAFETY: the caller's handle.
     guard(|| {
+        // SAFETY: the caller's handle.
         unsafe { int_store(store_arg(store)?) }?
             .upsert(key, value)
             .map_err(Failure::from)
@@ -474,24 +809,49 @@ pub unsafe extern "C" fn numakv_delete(
     unsafe { yes_no(store, removed, |s| Ok(s.remove(key)?)) }
 }
 
-/// Starts an ascending scan of an integer store from the first key `>= start`. Free the
-/// iterator with [`numakv_iter_free`].
+/// Starts an ascending scan of an integer store from the first key `>= start`. The iterator is
+/// the caller's: free it with [`numakv_iter_free`].
 #[no_mangle]
 pub unsafe extern "C" fn numakv_scan(
     store: *const NumakvStore,
     start: u64,
     iter: *mut *mut NumakvIter,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { numakv_scan_range(store, start, u64::MAX, iter) }
+}
+
+/// Starts an ascending scan of an integer store over `start <= key < end`; `end` = `UINT64_MAX`
+/// (a reserved key) means no upper bound. Free the iterator with [`numakv_iter_free`].
+#[no_mangle]
+pub unsafe extern "C" fn numakv_scan_range(
+    store: *const NumakvStore,
+    start: u64,
+    end: u64,
+    iter: *mut *mut NumakvIter,
+) -> c_int {
     guard(|| {
         // SAFETY: the caller's handle.
-        let s = int_store(unsafe { store_arg(store) }?)?;
-        let it = IterKind::Int { store: Arc::clone(s), next: Some(start), buf: Vec::new(), at: 0 };
-        out(iter, Box::into_raw(Box::new(NumakvIter { kind: it })), "iter")?;
+        let h = unsafe { store_arg(store) }?;
+        let s = int_store(h)?;
+        let next = if start < end { Some(start.max(1)) } else { None };
+        let it = IterKind::Int { store: Arc::clone(s), next, end, buf: Vec::new(), at: 0 };
+        out(iter, Box::into_raw(Box::new(NumakvIter { kind: it, owner: h.owner })), "iter")?;
         Ok(NUMAKV_OK)
     })
 }
 
-/// The next pair of an integer scan into `*key`, `*value`; `NUMAKV_END` after the last.
+/// The iterator behind `iter`, after checking that this process owns it.
+unsafe fn iter_arg<'a>(iter: *mut NumakvIter) -> Res<&'a mut NumakvIter> {
+    // SAFETY: an iterator from a numakv scan call, not yet freed, used by one thread at a time.
+    let it = unsafe { iter.as_mut() }.ok_or_else(|| invalid("iter is null"))?;
+    it.owner.check("iterator")?;
+    thread_alive()?;
+    Ok(it)
+}
+
+/// The next pair of an integer scan into `*key`, `*value`; `NUMAKV_END` after the last. Both
+/// pointers are checked before the pair is taken: a NULL one fails without losing it.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_iter_next(
     iter: *mut NumakvIter,
@@ -499,24 +859,30 @@ pub unsafe extern "C" fn numakv_iter_next(
     value: *mut u64,
 ) -> c_int {
     guard(|| {
-        // SAFETY: an iterator from numakv_scan, not yet freed, used by one thread at a time.
-        let it = unsafe { iter.as_mut() }.ok_or_else(|| invalid("iter is null"))?;
-        let IterKind::Int { store, next, buf, at } = &mut it.kind else {
+        // SAFETY: the caller's iterator.
+        let it = unsafe { iter_arg(iter) }?;
+        let IterKind::Int { store, next, end, buf, at } = &mut it.kind else {
             return Err(Failure(
                 NUMAKV_ERR_WRONG_KIND,
                 "a byte-string iterator: use numakv_biter_next".into(),
             ));
         };
+        if key.is_null() || value.is_null() {
+            return Err(invalid("key or value is null"));
+        }
         if *at == buf.len() {
             buf.clear();
             *at = 0;
             let Some(from) = *next else { return Ok(NUMAKV_END) };
             store.scan(from, SCAN_BATCH, buf)?;
             *next = match buf.last() {
-                Some(&(k, _)) if buf.len() == SCAN_BATCH => k.checked_add(1),
+                Some(&(k, _)) if buf.len() == SCAN_BATCH => k.checked_add(1).filter(|n| n < end),
                 _ => None,
             };
+            let bound = *end;
+            buf.retain(|&(k, _)| k < bound);
             if buf.is_empty() {
+                *next = None;
                 return Ok(NUMAKV_END);
             }
         }
@@ -528,12 +894,15 @@ pub unsafe extern "C" fn numakv_iter_next(
     })
 }
 
-/// Frees an iterator (either kind); NULL does nothing.
+/// Frees an iterator (either kind); NULL does nothing. In a fork child, on the parent's
+/// iterator, it fails with `NUMAKV_ERR_FORKED` and frees nothing.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_iter_free(iter: *mut NumakvIter) -> c_int {
     guard(|| {
         if !iter.is_null() {
-            // SAFETY: an iterator from numakv_scan/numakv_bscan, not yet freed.
+            // SAFETY: an iterator from a scan call, not yet freed (the contract).
+            unsafe { &*iter }.owner.check("iterator")?;
+            // SAFETY: as above.
             drop(unsafe { Box::from_raw(iter) });
         }
         Ok(NUMAKV_OK)
@@ -542,28 +911,36 @@ pub unsafe extern "C" fn numakv_iter_free(iter: *mut NumakvIter) -> c_int {
 
 // --- byte-string keys ------------------------------------------------------------------------
 
-/// Hands `bytes` to the caller as a malloc-free buffer of its own (free with [`numakv_free`]).
-fn give(bytes: Vec<u8>, ptr: *mut *mut u8, len: *mut usize) -> Res<()> {
-    let n = bytes.len();
-    let boxed = bytes.into_boxed_slice();
-    out(len, n, "length")?;
-    out(ptr, Box::into_raw(boxed).cast::<u8>(), "buffer")?;
+/// Hands a copy of `bytes` to the caller in a `malloc`ed buffer (never null, even when empty),
+/// to free with [`numakv_free`].
+fn give(bytes: &[u8], ptr: *mut *mut u8, len: *mut usize) -> Res<()> {
+    if ptr.is_null() || len.is_null() {
+        return Err(invalid("a result pointer is null"));
+    }
+    // SAFETY: malloc has no preconditions; at least one byte so an empty value is non-null.
+    let buf = unsafe { libc::malloc(bytes.len().max(1)) }.cast::<u8>();
+    if buf.is_null() {
+        return Err(Failure(NUMAKV_ERR_OTHER, format!("out of memory for {} bytes", bytes.len())));
+    }
+    // SAFETY: `buf` is a fresh allocation of at least `bytes.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+    out(len, bytes.len(), "length")?;
+    out(ptr, buf, "buffer")?;
     Ok(())
 }
 
-/// Frees a buffer of `len` bytes the library returned (`numakv_bget`, `numakv_biter_next`,
-/// `numakv_stats_json`); NULL does nothing.
+/// Frees a buffer the library returned (`numakv_bget`, `numakv_biter_next`,
+/// `numakv_stats_json`); NULL does nothing. No length is needed (it is `free(3)`).
 #[no_mangle]
-pub unsafe extern "C" fn numakv_free(ptr: *mut u8, len: usize) {
-    if !ptr.is_null() {
-        // SAFETY: `ptr`/`len` are a buffer `give` made from a boxed slice of exactly `len`
-        // bytes (the contract), not yet freed.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) });
-    }
+pub unsafe extern "C" fn numakv_free(ptr: *mut c_void) {
+    // SAFETY: `ptr` is null or a buffer `give` allocated with malloc and not yet freed (the
+    // contract).
+    unsafe { libc::free(ptr) };
 }
 
-/// Looks `key` up in a bytes store: `*found` says whether it is present and, if so, `*value` /
-/// `*value_len` is a copy of its value (free it with `numakv_free(*value, *value_len)`).
+/// Looks `key` up in a bytes store: `*found` says whether it is present. If so, `*value` /
+/// `*value_len` is a copy of its value (non-null even when empty; free it with
+/// `numakv_free`); if not, `*value` is NULL and `*value_len` 0.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_bget(
     store: *const NumakvStore,
@@ -576,15 +953,20 @@ pub unsafe extern "C" fn numakv_bget(
     guard(|| {
         // SAFETY: the caller's handle and key buffer.
         let s = bytes_store(unsafe { store_arg(store) }?)?;
-        let key = unsafe { bytes_arg(key, key_len, "key") }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
         if value.is_null() || value_len.is_null() || found.is_null() {
             return Err(invalid("value, value_len or found is null"));
         }
         let v = s.get(key)?;
-        out(found, v.is_some(), "found")?;
-        if let Some(v) = v {
-            give(v, value, value_len)?;
+        let present = v.is_some();
+        match v {
+            Some(v) => give(&v, value, value_len)?,
+            None => {
+                out(value, std::ptr::null_mut(), "value")?;
+                out(value_len, 0, "value_len")?;
+            }
         }
+        out(found, present, "found")?;
         Ok(NUMAKV_OK)
     })
 }
@@ -602,8 +984,8 @@ unsafe fn b_yes_no(
     guard(|| {
         // SAFETY: the caller's handle and buffers.
         let s = bytes_store(unsafe { store_arg(store) }?)?;
-        let key = unsafe { bytes_arg(key, key_len, "key") }?;
-        let value = unsafe { bytes_arg(value, value_len, "value") }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
+        let value = unsafe { bytes_arg(value, value_len, MAX_VALUE_LEN, "value") }?;
         let r = f(s, key, value)?;
         if !done.is_null() {
             out(done, r, "result")?;
@@ -681,6 +1063,20 @@ pub unsafe extern "C" fn numakv_bdelete(
     }
 }
 
+/// A bytes iterator over `[start, end)` for the handle `h`.
+fn bytes_iter(
+    h: &NumakvStore,
+    start: Vec<u8>,
+    end: Option<Vec<u8>>,
+    iter: *mut *mut NumakvIter,
+) -> Res<c_int> {
+    let s = bytes_store(h)?;
+    let it =
+        IterKind::Bytes { store: Arc::clone(s), next: Some(start), end, buf: Vec::new(), at: 0 };
+    out(iter, Box::into_raw(Box::new(NumakvIter { kind: it, owner: h.owner })), "iter")?;
+    Ok(NUMAKV_OK)
+}
+
 /// Starts an ascending (memcmp order) scan of a bytes store over `[start, end)`; `end` NULL
 /// means no upper bound, `start_len` 0 the first key. Free with [`numakv_iter_free`].
 #[no_mangle]
@@ -694,27 +1090,44 @@ pub unsafe extern "C" fn numakv_bscan(
 ) -> c_int {
     guard(|| {
         // SAFETY: the caller's handle and buffers.
-        let s = bytes_store(unsafe { store_arg(store) }?)?;
-        let start = unsafe { bytes_arg(start, start_len, "start") }?.to_vec();
+        let h = unsafe { store_arg(store) }?;
+        let start = unsafe { bytes_arg(start, start_len, MAX_KEY_LEN, "start") }?.to_vec();
         let end = if end.is_null() {
             None
         } else {
-            Some(unsafe { bytes_arg(end, end_len, "end") }?.to_vec())
+            Some(unsafe { bytes_arg(end, end_len, MAX_KEY_LEN, "end") }?.to_vec())
         };
-        let it = IterKind::Bytes {
-            store: Arc::clone(s),
-            next: Some(start),
-            end,
-            buf: Vec::new(),
-            at: 0,
-        };
-        out(iter, Box::into_raw(Box::new(NumakvIter { kind: it })), "iter")?;
-        Ok(NUMAKV_OK)
+        bytes_iter(h, start, end, iter)
     })
 }
 
-/// The next pair of a byte-string scan: copies the caller frees with [`numakv_free`];
-/// `NUMAKV_END` after the last.
+/// Starts an ascending scan of the keys of a bytes store that begin with `prefix`
+/// (`prefix_len` 0: every key). Free with [`numakv_iter_free`].
+#[no_mangle]
+pub unsafe extern "C" fn numakv_bscan_prefix(
+    store: *const NumakvStore,
+    prefix: *const u8,
+    prefix_len: usize,
+    iter: *mut *mut NumakvIter,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's handle and buffer.
+        let h = unsafe { store_arg(store) }?;
+        let prefix = unsafe { bytes_arg(prefix, prefix_len, MAX_KEY_LEN, "prefix") }?.to_vec();
+        // The first key after every key with the prefix: drop trailing 0xff bytes, then add one
+        // to the last byte; none when the prefix is empty or all 0xff.
+        let end = prefix.iter().rposition(|&b| b != 0xff).map(|last| {
+            let mut end = prefix[..=last].to_vec();
+            end[last] += 1;
+            end
+        });
+        bytes_iter(h, prefix, end, iter)
+    })
+}
+
+/// The next pair of a byte-string scan: copies the caller frees with [`numakv_free`] (never
+/// null, even when empty); `NUMAKV_END` after the last. The four pointers are checked before
+/// the pair is taken: a NULL one fails without losing it.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_biter_next(
     iter: *mut NumakvIter,
@@ -724,8 +1137,8 @@ pub unsafe extern "C" fn numakv_biter_next(
     value_len: *mut usize,
 ) -> c_int {
     guard(|| {
-        // SAFETY: an iterator from numakv_bscan, not yet freed, used by one thread at a time.
-        let it = unsafe { iter.as_mut() }.ok_or_else(|| invalid("iter is null"))?;
+        // SAFETY: the caller's iterator.
+        let it = unsafe { iter_arg(iter) }?;
         let IterKind::Bytes { store, next, end, buf, at } = &mut it.kind else {
             return Err(Failure(
                 NUMAKV_ERR_WRONG_KIND,
@@ -752,19 +1165,154 @@ pub unsafe extern "C" fn numakv_biter_next(
                 return Ok(NUMAKV_END);
             }
         }
-        let (k, v) = std::mem::take(&mut buf[*at]);
-        *at += 1;
+        let (k, v) = &buf[*at];
         give(k, key, key_len)?;
-        give(v, value, value_len)?;
+        if let Err(e) = give(v, value, value_len) {
+            // SAFETY: the key buffer `give` just allocated; the caller never saw it succeed.
+            unsafe { libc::free((*key).cast()) };
+            return Err(e);
+        }
+        *at += 1;
+        Ok(NUMAKV_OK)
+    })
+}
+
+// --- write batches -------------------------------------------------------------------------
+
+/// A write batch of a bytes store (opaque): puts, deletes and absent-key preconditions applied
+/// all or nothing by [`numakv_bwrite_batch`], across a crash too.
+pub struct NumakvBatch {
+    batch: WriteBatch,
+}
+
+unsafe fn batch_arg<'a>(b: *mut NumakvBatch) -> Res<&'a mut NumakvBatch> {
+    // SAFETY: a batch from numakv_batch_new, not yet freed, used by one thread at a time (the
+    // contract).
+    unsafe { b.as_mut() }.ok_or_else(|| invalid("batch is null"))
+}
+
+/// Makes an empty write batch into `*batch`, the caller's until [`numakv_batch_free`].
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_new(batch: *mut *mut NumakvBatch) -> c_int {
+    guard(|| {
+        if batch.is_null() {
+            return Err(invalid("batch is null"));
+        }
+        out(batch, Box::into_raw(Box::new(NumakvBatch { batch: WriteBatch::new() })), "batch")?;
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Adds a put of `key → value` to the batch (copied; checked against the limits now).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_put(
+    batch: *mut NumakvBatch,
+    key: *const u8,
+    key_len: usize,
+    value: *const u8,
+    value_len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch and buffers.
+        let b = unsafe { batch_arg(batch) }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
+        let value = unsafe { bytes_arg(value, value_len, MAX_VALUE_LEN, "value") }?;
+        if key.is_empty() {
+            return Err(invalid("the empty key is not a key"));
+        }
+        b.batch.put(key, value);
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Adds a delete of `key` to the batch (an absent key is not an error).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_delete(
+    batch: *mut NumakvBatch,
+    key: *const u8,
+    key_len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch and buffer.
+        let b = unsafe { batch_arg(batch) }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
+        if key.is_empty() {
+            return Err(invalid("the empty key is not a key"));
+        }
+        b.batch.delete(key);
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Adds a precondition: the batch applies only if `key` is absent when it runs (MSETNX).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_require_absent(
+    batch: *mut NumakvBatch,
+    key: *const u8,
+    key_len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch and buffer.
+        let b = unsafe { batch_arg(batch) }?;
+        let key = unsafe { bytes_arg(key, key_len, MAX_KEY_LEN, "key") }?;
+        if key.is_empty() {
+            return Err(invalid("the empty key is not a key"));
+        }
+        b.batch.require_absent(key);
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Empties the batch for reuse.
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_clear(batch: *mut NumakvBatch) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's batch.
+        unsafe { batch_arg(batch) }?.batch.clear();
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Frees a batch; NULL does nothing.
+#[no_mangle]
+pub unsafe extern "C" fn numakv_batch_free(batch: *mut NumakvBatch) -> c_int {
+    guard(|| {
+        if !batch.is_null() {
+            // SAFETY: a batch from numakv_batch_new, not yet freed (the contract).
+            drop(unsafe { Box::from_raw(batch) });
+        }
+        Ok(NUMAKV_OK)
+    })
+}
+
+/// Applies the batch to a bytes store all or nothing, durable when it returns: every key and
+/// value is checked first; a failure part-way (a full store) rolls back; a crash is finished
+/// by the next open. `*applied` (may be NULL) is false when a precondition failed (nothing was
+/// written). The batch is left as it was (free or clear it).
+#[no_mangle]
+pub unsafe extern "C" fn numakv_bwrite_batch(
+    store: *const NumakvStore,
+    batch: *const NumakvBatch,
+    applied: *mut bool,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's handle and batch.
+        let s = bytes_store(unsafe { store_arg(store) }?)?;
+        let b = unsafe { batch.as_ref() }.ok_or_else(|| invalid("batch is null"))?;
+        let outcome = s.write_batch(&b.batch)?;
+        if !applied.is_null() {
+            out(applied, outcome.applied, "applied")?;
+        }
         Ok(NUMAKV_OK)
     })
 }
 
 // --- whole store -----------------------------------------------------------------------------
 
-/// The store's statistics as a JSON object (`{"engine": ..., "kind": "int"|"bytes",
-/// "pm_bytes": ..., "pm_bytes_per_node": [...], "dram_bytes": ..., "counters": {...}}`), a
-/// NUL-terminated buffer of `*len` bytes (NUL included) to free with [`numakv_free`].
+/// The store's statistics as a JSON object (`{"engine": ..., "kind": "int"|"bytes", "nodes":
+/// ..., "emulated_nodes": bool, "pm_bytes": ..., "pm_bytes_per_node": [...], "dram_bytes": ...,
+/// "counters": {...}}`): a NUL-terminated string of `*len` bytes (NUL excluded; `len` may be
+/// NULL) to free with [`numakv_free`].
 #[no_mangle]
 pub unsafe extern "C" fn numakv_stats_json(
     store: *const NumakvStore,
@@ -774,6 +1322,9 @@ pub unsafe extern "C" fn numakv_stats_json(
     guard(|| {
         // SAFETY: the caller's handle.
         let s = unsafe { store_arg(store) }?;
+        if json.is_null() {
+            return Err(invalid("json is null"));
+        }
         let (engine, kind, stats) = match &s.kind {
             Kind::Int(st) => (st.kind().to_string(), "int", st.stats()),
             Kind::Bytes(st) => (st.kind().to_string(), "bytes", st.stats()),
@@ -783,14 +1334,21 @@ pub unsafe extern "C" fn numakv_stats_json(
         let doc = serde_json::json!({
             "engine": engine,
             "kind": kind,
+            "nodes": s.nodes(),
+            "emulated_nodes": s.topology.is_emulated(),
             "pm_bytes": stats.pm_bytes(),
             "pm_bytes_per_node": stats.pm_bytes_per_node,
             "dram_bytes": stats.dram_bytes,
             "counters": counters,
         });
         let mut text = doc.to_string().into_bytes();
+        let n = text.len();
         text.push(0);
-        give(text, json.cast::<*mut u8>(), len)?;
+        let mut ignored = 0usize;
+        give(&text, json.cast::<*mut u8>(), &mut ignored)?;
+        if !len.is_null() {
+            out(len, n, "len")?;
+        }
         Ok(NUMAKV_OK)
     })
 }

@@ -53,11 +53,12 @@ pub fn serve(a: &ServeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     };
     let server = Server::start(store, config)?;
     let r = server.replayed();
-    if r.msets > 0 || r.torn > 0 {
+    if r.files > 0 {
         writeln!(
             err,
-            "note: completed {} MSET(s) ({} pairs) a crash had cut short; dropped {} torn record(s)",
-            r.msets, r.pairs, r.torn
+            "note: removed {} MSET intent file(s) of an earlier numakv: applied {} MSET(s) \
+             ({} pairs) as batches, dropped {} torn and {} refused record(s)",
+            r.files, r.msets, r.pairs, r.torn, r.refused
         )?;
     }
     writeln!(

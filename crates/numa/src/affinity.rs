@@ -21,13 +21,28 @@ const BITS: usize = c_ulong::BITS as usize;
 /// [`NumaError::CpuOutOfRange`] if `cpu >= MAX_CPUS`; [`NumaError::Syscall`] if the kernel
 /// refuses (`EINVAL` for a CPU that does not exist or is outside the process's cpuset).
 pub fn pin_current_thread(cpu: usize) -> Result<(), NumaError> {
-    if cpu >= MAX_CPUS {
-        return Err(NumaError::CpuOutOfRange { cpu, limit: MAX_CPUS });
+    pin_current_thread_to(&[cpu])
+}
+
+/// Restricts the calling thread to the CPUs in `cpus` (e.g. all of one node's CPUs, so the
+/// scheduler may still move it within the node).
+///
+/// # Errors
+///
+/// [`NumaError::CpuOutOfRange`] if a CPU is `>= MAX_CPUS`; [`NumaError::NoCpus`] if `cpus` is
+/// empty; [`NumaError::Syscall`] if the kernel refuses (`EINVAL` when none of the CPUs exists
+/// or is inside the process's cpuset).
+pub fn pin_current_thread_to(cpus: &[usize]) -> Result<(), NumaError> {
+    let Some(&top) = cpus.iter().max() else { return Err(NumaError::NoCpus) };
+    if top >= MAX_CPUS {
+        return Err(NumaError::CpuOutOfRange { cpu: top, limit: MAX_CPUS });
     }
     // At least a full cpu_set_t: old glibc versions reject smaller masks.
-    let words = (cpu / BITS + 1).max(size_of::<libc::cpu_set_t>() / size_of::<c_ulong>());
+    let words = (top / BITS + 1).max(size_of::<libc::cpu_set_t>() / size_of::<c_ulong>());
     let mut mask: Vec<c_ulong> = vec![0; words];
-    mask[cpu / BITS] |= 1 << (cpu % BITS);
+    for &cpu in cpus {
+        mask[cpu / BITS] |= 1 << (cpu % BITS);
+    }
     // SAFETY: `mask` is a live, initialised buffer of exactly `words * size_of::<c_ulong>()`
     // bytes, the size passed; the kernel only reads it. A cpu_set_t is an array of c_ulong, so
     // the layout matches what the kernel expects.
@@ -218,6 +233,25 @@ mod tests {
         assert_eq!(cpus, vec![0]);
         // The spawning thread was not affected.
         assert!(!current_affinity().unwrap().is_empty());
+    }
+
+    #[test]
+    fn pin_to_a_cpu_set() {
+        let all = current_affinity().unwrap();
+        let want: Vec<usize> = all.iter().copied().take(2).collect();
+        let got = thread::spawn(move || {
+            pin_current_thread_to(&want)?;
+            current_affinity().map(|c| (want, c))
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        assert_eq!(got.0, got.1);
+        assert!(matches!(pin_current_thread_to(&[]), Err(NumaError::NoCpus)));
+        assert!(matches!(
+            pin_current_thread_to(&[0, MAX_CPUS]),
+            Err(NumaError::CpuOutOfRange { cpu: MAX_CPUS, .. })
+        ));
     }
 
     #[test]

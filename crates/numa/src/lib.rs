@@ -44,7 +44,9 @@ mod registry;
 mod thread;
 mod topology;
 
-pub use affinity::{current_affinity, page_size, pin_current_thread, BindOutcome};
+pub use affinity::{
+    current_affinity, page_size, pin_current_thread, pin_current_thread_to, BindOutcome,
+};
 pub use error::NumaError;
 pub use registry::{Placement, Registration, Registry, Slot};
 pub use thread::{

@@ -44,7 +44,9 @@ mod store;
 
 pub use bytes_store::BytesStore;
 pub use error::{Error, Result};
-pub use numakv_bytes::{ByteMap, Scan as BytesScan, MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use numakv_bytes::{
+    BatchOutcome, ByteMap, Scan as BytesScan, WriteBatch, MAX_KEY_LEN, MAX_VALUE_LEN,
+};
 pub use options::{Options, DEFAULT_CAPACITY};
 pub use registry::{EngineKind, EngineOptions, OptionKey};
 pub use store::{NodeSpace, Store, StoreInfo, StoreKind};

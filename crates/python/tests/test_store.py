@@ -62,8 +62,9 @@ def test_bytes_store_round_trip(tmp_path, engine):
             s.put("huge", b"x" * (2 << 20))
         assert s.delete("user:2") and s.get("user:2") is None
         assert s.check() == 4
-    with pytest.raises(numakv.WrongKind):
-        numakv.Store.open(d).get(1)
+    with numakv.Store.open(d) as s:
+        with pytest.raises(numakv.WrongKind):
+            s.get(1)
 
 
 def test_errors_are_exceptions_not_crashes(tmp_path):
@@ -136,7 +137,8 @@ def test_bench_load_reads_the_drivers_json(tmp_path):
     rows = runs.to_dict("records") if hasattr(runs, "to_dict") else runs
     assert [r["engine"] for r in rows] == ["fastfair", "nbtree"]
     assert all(r["ops"] == 4000 and r["throughput_mops"] > 0 for r in rows)
-    assert numakv.bench.load(str(out), failures=True) is not None
+    failed = numakv.bench.load(str(out), failures=True)
+    assert len(failed) == 0, failed  # both runs succeeded: no failure rows
     with pytest.raises(ValueError):
         bad = tmp_path / "bad.json"
         bad.write_text("[1, 2]")

@@ -2,22 +2,40 @@
 //!
 //! Every call into the store runs right here, on the tokio worker thread that serves the
 //! connection (see docs/design.md, "Redis-protocol server"): a store call is a few microseconds of
-//! PM work that never waits on I/O. Writes of a key hold its stripe, a reader-writer lock
-//! ([`Shared::stripe`]): read-modify-write commands (INCR, APPEND, SET ... GET, MSET) hold it
-//! exclusively, so they cannot lose a concurrent update; a write that is one store call (SET,
-//! SET NX/XX, DEL) holds it shared — the store call is atomic on its own, and it only has to stay
-//! out of a read-modify-write's window. Plain reads take no lock (the store's reads are
-//! linearizable on their own).
+//! PM work that never waits on I/O.
+//!
+//! **Locks.** Every command holds the server's gate ([`Shared::gate`]) shared — its worker's
+//! shard, uncontended — except EXEC and the multi-key writes (MSET of several pairs, MSETNX, DEL
+//! of several keys), which hold it exclusively: nothing else runs meanwhile, so they are atomic
+//! against every other client, readers included. Under the shared gate, writes of a key hold its
+//! stripe, a reader-writer lock ([`Shared::stripe`]): read-modify-write commands (INCR, APPEND,
+//! SET ... GET) hold it exclusively, so they cannot lose a concurrent update; a write that is one
+//! store call (SET, SET NX/XX, DEL of one key) holds it shared — the store call is atomic on its
+//! own, and it only has to stay out of a read-modify-write's window. Plain reads take no stripe.
+//!
+//! **Multi-key writes** go through the store's write batch ([`numakv::WriteBatch`]): every
+//! argument is checked before anything is written, and the batch is all or nothing across a
+//! crash too (its log is in the pool; the next open of the store finishes it).
+//!
+//! **Transactions.** MULTI queues commands (`+QUEUED`); an unknown command or a wrong number of
+//! arguments while queueing answers its error and makes EXEC answer `EXECABORT`. EXEC holds the
+//! gate exclusively, compares the versions of the WATCHed keys' stripes (a write bumps its
+//! stripe's version after it returns; a change aborts EXEC with a null reply), then runs the
+//! queue against an overlay of the store ([`Overlay`]): reads see the transaction's own writes,
+//! and every write is collected and applied at the end as one batch — all or nothing across a
+//! crash. A queued command that scans or flushes (KEYS, SCAN, DBSIZE, FLUSHDB, INFO, …) first
+//! applies the writes queued before it as a batch of their own, then runs on the store (still
+//! under the exclusive gate: isolated, but atomic across a crash only piecewise).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
-use numakv::{ByteMap, IndexError};
+use bytes::BytesMut;
+use numakv::{BatchOutcome, ByteMap, IndexError, WriteBatch};
 use redis_protocol::resp2::types::BorrowedFrame;
 
 use crate::glob;
-use crate::intent::LogError;
 use crate::reply::Out;
 use crate::Shared;
 
@@ -30,6 +48,15 @@ pub enum Flow {
     Close,
     /// Close this connection without a reply and shut the server down (SHUTDOWN).
     Shutdown,
+}
+
+/// A MULTI in progress on a connection.
+#[derive(Debug, Default)]
+pub struct Multi {
+    /// The queued commands, name first.
+    queued: Vec<Vec<Vec<u8>>>,
+    /// A command was refused while queueing: EXEC answers EXECABORT.
+    dirty: bool,
 }
 
 /// Per-connection state the commands see.
@@ -45,12 +72,16 @@ pub struct Conn {
     /// per batch, not per command: one shared counter bumped by every worker per command is a
     /// cache line bouncing between them).
     pub commands: u64,
+    /// MULTI ... EXEC in progress.
+    pub multi: Option<Multi>,
+    /// WATCHed stripes and their versions when watched.
+    pub watched: Vec<(usize, u64)>,
 }
 
 impl Conn {
     /// A connection's state before its first command.
     pub fn new(id: u64) -> Conn {
-        Conn { id, name: None, scratch: Vec::new(), commands: 0 }
+        Conn { id, name: None, scratch: Vec::new(), commands: 0, multi: None, watched: Vec::new() }
     }
 
     /// The commands counted since the last call.
@@ -69,8 +100,10 @@ pub const COMMANDS: &[(&str, i64, &str)] = &[
     ("dbsize", 1, "Returns the number of keys."),
     ("decr", 2, "Decrements the integer value of a key by one."),
     ("decrby", 3, "Decrements the integer value of a key by a number."),
-    ("del", -2, "Deletes one or more keys."),
+    ("del", -2, "Deletes one or more keys (several: all or nothing)."),
+    ("discard", 1, "Discards the commands queued since MULTI."),
     ("echo", 2, "Returns the given string."),
+    ("exec", 1, "Runs the commands queued since MULTI, atomically."),
     ("exists", -2, "Counts how many of the given keys exist."),
     ("flushall", -1, "Deletes every key."),
     ("flushdb", -1, "Deletes every key."),
@@ -81,7 +114,9 @@ pub const COMMANDS: &[(&str, i64, &str)] = &[
     ("info", -1, "Server, clients, keyspace and numakv store information."),
     ("keys", 2, "Returns the keys matching a pattern, in byte order."),
     ("mget", -2, "Returns the values of several keys."),
-    ("mset", -3, "Sets several keys."),
+    ("mset", -3, "Sets several keys, all or nothing."),
+    ("msetnx", -3, "Sets several keys only if none of them exists."),
+    ("multi", 1, "Starts a transaction."),
     ("ping", -1, "Returns PONG, or the argument."),
     ("quit", -1, "Closes the connection."),
     ("scan", -2, "Iterates over the keys in byte order."),
@@ -90,6 +125,15 @@ pub const COMMANDS: &[(&str, i64, &str)] = &[
     ("shutdown", -1, "Closes the store cleanly and stops the server."),
     ("strlen", 2, "Returns the length of a value."),
     ("type", 2, "Returns the type of a key: string or none."),
+    ("unwatch", 1, "Forgets every WATCHed key."),
+    ("watch", -2, "Makes the next EXEC abort if one of these keys is written first."),
+];
+
+/// Commands a transaction runs against its overlay (point reads and writes); any other queued
+/// command first applies the overlay, then runs on the store.
+const POINT: &[&str] = &[
+    "append", "decr", "decrby", "del", "echo", "exists", "get", "incr", "incrby", "mget", "mset",
+    "msetnx", "ping", "select", "set", "strlen", "type",
 ];
 
 const INVALID_INT: &str = "ERR value is not an integer or out of range";
@@ -131,6 +175,140 @@ fn store_err(out: &mut Out, e: &IndexError) {
     }
 }
 
+/// A transaction's writes, not yet applied: key → new value (`None`: deleted).
+#[derive(Debug, Default)]
+pub(crate) struct Overlay {
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+/// Where a command's point reads and writes go: the store (each write then marks its key for
+/// WATCH), or inside EXEC a transaction's [`Overlay`].
+pub(crate) struct View<'a> {
+    sh: &'a Shared,
+    overlay: Option<&'a mut Overlay>,
+}
+
+impl View<'_> {
+    fn map(&self) -> &dyn ByteMap {
+        self.sh.store.map()
+    }
+
+    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, IndexError> {
+        if let Some(o) = self.overlay.as_deref() {
+            numakv_bytes::layout::check_key(key)?;
+            if let Some(v) = o.writes.get(key) {
+                return Ok(match v {
+                    Some(v) => {
+                        out.clear();
+                        out.extend_from_slice(v);
+                        true
+                    }
+                    None => false,
+                });
+            }
+        }
+        self.map().get_into(key, out)
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
+        let mut v = Vec::new();
+        Ok(self.get_into(key, &mut v)?.then_some(v))
+    }
+
+    fn exists(&self, key: &[u8]) -> Result<bool, IndexError> {
+        self.get_into(key, &mut Vec::new())
+    }
+
+    /// Records a write of the overlay, checked as the store would check it.
+    fn stage(o: &mut Overlay, key: &[u8], value: Option<&[u8]>) -> Result<(), IndexError> {
+        numakv_bytes::layout::check_key(key)?;
+        if let Some(v) = value {
+            numakv_bytes::layout::check_value(v)?;
+        }
+        o.writes.insert(key.to_vec(), value.map(<[u8]>::to_vec));
+        Ok(())
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), IndexError> {
+        match self.overlay.as_deref_mut() {
+            Some(o) => Self::stage(o, key, Some(value)),
+            None => {
+                self.sh.store.map().put(key, value)?;
+                self.sh.touch(key);
+                Ok(())
+            }
+        }
+    }
+
+    fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool, IndexError> {
+        if self.overlay.is_some() {
+            if self.exists(key)? {
+                return Ok(false);
+            }
+            return self.put(key, value).map(|()| true);
+        }
+        let done = self.sh.store.map().insert(key, value)?;
+        if done {
+            self.sh.touch(key);
+        }
+        Ok(done)
+    }
+
+    fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool, IndexError> {
+        if self.overlay.is_some() {
+            if !self.exists(key)? {
+                return Ok(false);
+            }
+            return self.put(key, value).map(|()| true);
+        }
+        let done = self.sh.store.map().update(key, value)?;
+        if done {
+            self.sh.touch(key);
+        }
+        Ok(done)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<bool, IndexError> {
+        if self.overlay.is_some() {
+            let had = self.exists(key)?;
+            if let Some(o) = self.overlay.as_deref_mut() {
+                Self::stage(o, key, None)?;
+            }
+            return Ok(had);
+        }
+        let done = self.sh.store.map().delete(key)?;
+        if done {
+            self.sh.touch(key);
+        }
+        Ok(done)
+    }
+
+    /// A batch: to the store (the caller holds the gate exclusively), or into the overlay;
+    /// `absent` repeats the batch's `require_absent` keys (checked here against the overlay).
+    fn batch(&mut self, b: &WriteBatch, absent: &[&[u8]]) -> Result<BatchOutcome, IndexError> {
+        b.validate()?;
+        if self.overlay.is_none() {
+            let out = self.sh.store.map().write_batch(b)?;
+            if out.applied {
+                b.ops().for_each(|(k, _)| self.sh.touch(k));
+            }
+            return Ok(out);
+        }
+        let existed = b.ops().map(|(k, _)| self.exists(k)).collect::<Result<Vec<_>, _>>()?;
+        for k in absent {
+            if self.exists(k)? {
+                return Ok(BatchOutcome { applied: false, existed });
+            }
+        }
+        if let Some(o) = self.overlay.as_deref_mut() {
+            for (k, v) in b.ops() {
+                Self::stage(o, k, v)?;
+            }
+        }
+        Ok(BatchOutcome { applied: true, existed })
+    }
+}
+
 /// Runs one request (`args[0]` is the command name).
 pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> Flow {
     let Some(&(name, arity, _)) = lookup(args[0]) else {
@@ -142,11 +320,20 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
             let _ = write!(msg, "'{}' ", String::from_utf8_lossy(&a[..a.len().min(128)]));
         }
         out.err(&msg);
+        if let Some(m) = &mut conn.multi {
+            m.dirty = true;
+        }
         return Flow::Continue;
     };
     let n = args.len() as i64;
-    if (arity > 0 && n != arity) || (arity < 0 && n < -arity) || (name == "mset" && n % 2 == 0) {
+    if (arity > 0 && n != arity)
+        || (arity < 0 && n < -arity)
+        || ((name == "mset" || name == "msetnx") && n % 2 == 0)
+    {
         out.err(&format!("ERR wrong number of arguments for '{name}' command"));
+        if let Some(m) = &mut conn.multi {
+            m.dirty = true;
+        }
         return Flow::Continue;
     }
     if name == "info" {
@@ -154,8 +341,151 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
         sh.commands.fetch_add(conn.take_commands(), Ordering::Relaxed);
     }
     conn.commands += 1;
-    let map = sh.store.map();
     let a = &args[1..];
+    match (name, conn.multi.is_some()) {
+        ("multi", false) => {
+            conn.multi = Some(Multi::default());
+            out.ok();
+            return Flow::Continue;
+        }
+        ("multi", true) => {
+            out.err("ERR MULTI calls can not be nested");
+            return Flow::Continue;
+        }
+        ("exec", false) => {
+            out.err("ERR EXEC without MULTI");
+            return Flow::Continue;
+        }
+        ("discard", false) => {
+            out.err("ERR DISCARD without MULTI");
+            return Flow::Continue;
+        }
+        ("exec", true) => return exec(sh, conn, out),
+        ("discard", true) => {
+            conn.multi = None;
+            conn.watched.clear();
+            out.ok();
+            return Flow::Continue;
+        }
+        ("watch", true) => {
+            out.err("ERR WATCH inside MULTI is not allowed");
+            return Flow::Continue;
+        }
+        ("watch", false) => {
+            let _gate = sh.gate.shared();
+            for k in a {
+                let s = sh.stripe_of(k);
+                conn.watched.push((s, sh.version(s)));
+            }
+            out.ok();
+            return Flow::Continue;
+        }
+        ("unwatch", _) => {
+            conn.watched.clear();
+            out.ok();
+            return Flow::Continue;
+        }
+        ("quit", _) => {}
+        (_, true) => {
+            if let Some(m) = &mut conn.multi {
+                m.queued.push(args.iter().map(|a| a.to_vec()).collect());
+            }
+            out.simple("QUEUED");
+            return Flow::Continue;
+        }
+        _ => {}
+    }
+    let multi_key = match name {
+        "mset" => a.len() > 2,
+        "msetnx" => true,
+        "del" => a.len() > 1,
+        _ => false,
+    };
+    let mut view = View { sh, overlay: None };
+    if multi_key {
+        let _gate = sh.gate.exclusive();
+        run(&mut view, conn, name, a, out)
+    } else {
+        let _gate = sh.gate.shared();
+        run(&mut view, conn, name, a, out)
+    }
+}
+
+/// EXEC: under the exclusive gate, aborts if a WATCHed key was written, else runs the queue
+/// against an overlay and applies its writes as one batch; the reply is the array of the
+/// queued commands' replies.
+fn exec(sh: &Shared, conn: &mut Conn, out: &mut Out) -> Flow {
+    let multi = conn.multi.take().unwrap_or_default();
+    let watched = std::mem::take(&mut conn.watched);
+    if multi.dirty {
+        out.err("EXECABORT Transaction discarded because of previous errors.");
+        return Flow::Continue;
+    }
+    let _gate = sh.gate.exclusive();
+    if watched.iter().any(|&(s, v)| sh.version(s) != v) {
+        out.null_array();
+        return Flow::Continue;
+    }
+    let mut overlay = Overlay::default();
+    let mut body = Out { buf: BytesMut::new(), resp3: out.resp3 };
+    let mut flow = Flow::Continue;
+    for cmd in &multi.queued {
+        let args: Vec<&[u8]> = cmd.iter().map(Vec::as_slice).collect();
+        let Some(&(name, _, _)) = lookup(args[0]) else { continue };
+        conn.commands += 1;
+        let f = if POINT.contains(&name) {
+            let mut view = View { sh, overlay: Some(&mut overlay) };
+            run(&mut view, conn, name, &args[1..], &mut body)
+        } else {
+            if let Err(e) = apply(sh, &mut overlay) {
+                out.err(&format!("ERR EXEC stopped before '{name}': {e}"));
+                return Flow::Continue;
+            }
+            let mut view = View { sh, overlay: None };
+            run(&mut view, conn, name, &args[1..], &mut body)
+        };
+        if f != Flow::Continue && flow == Flow::Continue {
+            flow = f;
+        }
+    }
+    match apply(sh, &mut overlay) {
+        Ok(()) => {
+            out.buf.extend_from_slice(format!("*{}\r\n", multi.queued.len()).as_bytes());
+            out.buf.extend_from_slice(&body.buf);
+        }
+        Err(e) => {
+            out.err(&format!("ERR EXEC failed, its writes were not applied: {e}"));
+            return Flow::Continue;
+        }
+    }
+    flow
+}
+
+/// Applies a transaction's overlay as one batch (the caller holds the gate exclusively).
+fn apply(sh: &Shared, overlay: &mut Overlay) -> Result<(), IndexError> {
+    if overlay.writes.is_empty() {
+        return Ok(());
+    }
+    let mut b = WriteBatch::new();
+    for (k, v) in &overlay.writes {
+        match v {
+            Some(v) => b.put(k, v),
+            None => b.delete(k),
+        };
+    }
+    // Between the queue's run and its batch: a crash here loses the whole transaction.
+    numakv_pmem::pause_point!("server.exec.batch");
+    sh.store.map().write_batch(&b)?;
+    for k in overlay.writes.keys() {
+        sh.touch(k);
+    }
+    overlay.writes.clear();
+    Ok(())
+}
+
+/// Runs command `name` (checked: known, right number of arguments) with arguments `a`.
+fn run(view: &mut View<'_>, conn: &mut Conn, name: &str, a: &[&[u8]], out: &mut Out) -> Flow {
+    let sh = view.sh;
     match name {
         "ping" => match a {
             [] => out.simple("PONG"),
@@ -163,29 +493,41 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
             _ => out.err("ERR wrong number of arguments for 'ping' command"),
         },
         "echo" => out.bulk(a[0]),
-        "get" => match map.get_into(a[0], &mut conn.scratch) {
+        "get" => match view.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.bulk(&conn.scratch),
             Ok(false) => out.null(),
             Err(e) => store_err(out, &e),
         },
-        "set" => set(sh, conn, a, out),
-        "del" => {
-            let mut n = 0;
-            for k in a {
-                // One store call: shared (see `Shared::stripe_shared`).
-                let _g = sh.stripe_shared(k);
-                match map.delete(k) {
-                    Ok(true) => n += 1,
-                    Ok(false) => {}
-                    Err(e) => return store_err_flow(out, &e),
-                }
+        "set" => set(view, conn, a, out),
+        "del" if a.len() == 1 => {
+            // One store call: shared (see `Shared::stripe_shared`).
+            let _g = sh.stripe_shared(a[0]);
+            match view.delete(a[0]) {
+                Ok(d) => out.int(i64::from(d)),
+                Err(e) => store_err(out, &e),
             }
-            out.int(n);
+        }
+        "del" => {
+            let mut b = WriteBatch::new();
+            for k in a {
+                b.delete(k);
+            }
+            match view.batch(&b, &[]) {
+                Ok(done) => {
+                    // A key named twice is removed (and counted) once.
+                    let mut removed: Vec<&[u8]> =
+                        a.iter().zip(&done.existed).filter(|(_, &e)| e).map(|(k, _)| *k).collect();
+                    removed.sort_unstable();
+                    removed.dedup();
+                    out.int(removed.len() as i64)
+                }
+                Err(e) => store_err(out, &e),
+            }
         }
         "exists" => {
             let mut n = 0;
             for k in a {
-                match map.get_into(k, &mut conn.scratch) {
+                match view.get_into(k, &mut conn.scratch) {
                     Ok(true) => n += 1,
                     Ok(false) => {}
                     Err(e) => return store_err_flow(out, &e),
@@ -193,7 +535,7 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
             }
             out.int(n);
         }
-        "type" => match map.get_into(a[0], &mut conn.scratch) {
+        "type" => match view.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.simple("string"),
             Ok(false) => out.simple("none"),
             Err(e) => store_err(out, &e),
@@ -201,39 +543,61 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
         "mget" => {
             let mut vals = Vec::with_capacity(a.len());
             for k in a {
-                match map.get(k) {
+                match view.get(k) {
                     Ok(v) => vals.push(v),
                     Err(e) => return store_err_flow(out, &e),
                 }
             }
             out.opt_bulks(&vals);
         }
-        "mset" => {
-            // Lock every stripe involved (in order, so two MSETs cannot deadlock), so no INCR
-            // or SET ... GET of these keys interleaves with the batch.
-            let mut stripes: Vec<usize> = a.chunks(2).map(|kv| sh.stripe_of(kv[0])).collect();
-            stripes.sort_unstable();
-            stripes.dedup();
-            let _guards: Vec<_> = stripes.iter().map(|&s| sh.stripes[s].write()).collect();
-            return mset(sh, a, out);
+        "mset" if a.len() == 2 => {
+            // One pair: one put (atomic on its own), under the key's stripe so that no INCR of
+            // it interleaves.
+            let _g = sh.stripe(a[0]);
+            match view.put(a[0], a[1]) {
+                Ok(()) => out.ok(),
+                Err(e) => store_err(out, &e),
+            }
         }
-        "incr" => incr_by(sh, conn, a[0], Some(1), out),
-        "decr" => incr_by(sh, conn, a[0], Some(-1), out),
-        "incrby" => incr_by(sh, conn, a[0], parse_i64(a[1]), out),
-        "decrby" => incr_by(sh, conn, a[0], parse_i64(a[1]).and_then(|d| d.checked_neg()), out),
-        "strlen" => match map.get_into(a[0], &mut conn.scratch) {
+        "mset" | "msetnx" => {
+            let mut b = WriteBatch::new();
+            for kv in a.chunks(2) {
+                b.put(kv[0], kv[1]);
+            }
+            let absent: Vec<&[u8]> =
+                if name == "msetnx" { a.iter().step_by(2).copied().collect() } else { Vec::new() };
+            for k in &absent {
+                b.require_absent(k);
+            }
+            match view.batch(&b, &absent) {
+                Ok(done) if name == "mset" => {
+                    debug_assert!(done.applied);
+                    out.ok()
+                }
+                Ok(done) => out.int(i64::from(done.applied)),
+                Err(e) => store_err(out, &e),
+            }
+        }
+        "incr" => incr_by(view, conn, a[0], Some(1), out),
+        "decr" => incr_by(view, conn, a[0], Some(-1), out),
+        "incrby" => incr_by(view, conn, a[0], parse_i64(a[1]), out),
+        "decrby" => incr_by(view, conn, a[0], parse_i64(a[1]).and_then(|d| d.checked_neg()), out),
+        "strlen" => match view.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.int(conn.scratch.len() as i64),
             Ok(false) => out.int(0),
             Err(e) => store_err(out, &e),
         },
         "append" => {
             let _g = sh.stripe(a[0]);
-            let r = match map.get_into(a[0], &mut conn.scratch) {
+            let r = match view.get_into(a[0], &mut conn.scratch) {
                 Ok(true) => {
                     conn.scratch.extend_from_slice(a[1]);
-                    map.put(a[0], &conn.scratch).map(|()| conn.scratch.len())
+                    let v = std::mem::take(&mut conn.scratch);
+                    let r = view.put(a[0], &v).map(|()| v.len());
+                    conn.scratch = v;
+                    r
                 }
-                Ok(false) => map.put(a[0], a[1]).map(|()| a[1].len()),
+                Ok(false) => view.put(a[0], a[1]).map(|()| a[1].len()),
                 Err(e) => Err(e),
             };
             match r {
@@ -241,7 +605,7 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
                 Err(e) => store_err(out, &e),
             }
         }
-        "dbsize" => match count_keys(map) {
+        "dbsize" => match count_keys(view.map()) {
             Ok(n) => out.int(n as i64),
             Err(e) => store_err(out, &e),
         },
@@ -250,7 +614,7 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
             let pat = a[0];
             let prefix = glob::literal_prefix(pat);
             let mut keys = Vec::new();
-            for r in map.scan_prefix(&prefix, usize::MAX) {
+            for r in view.map().scan_prefix(&prefix, usize::MAX) {
                 match r {
                     Ok((k, _)) if glob::matches(pat, &k) => keys.push(k),
                     Ok(_) => {}
@@ -288,7 +652,12 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
                 return Flow::Shutdown;
             }
         }
-        _ => unreachable!("every name in COMMANDS has an arm"),
+        // MULTI, EXEC, DISCARD, WATCH and UNWATCH never get here (dispatch answers them), but
+        // inside EXEC a queued one is answered as Redis does.
+        "multi" => out.err("ERR MULTI calls can not be nested"),
+        "watch" => out.err("ERR WATCH inside MULTI is not allowed"),
+        "exec" | "discard" | "unwatch" => out.ok(),
+        _ => out.err(&format!("ERR unknown command '{name}'")),
     }
     Flow::Continue
 }
@@ -299,7 +668,7 @@ fn store_err_flow(out: &mut Out, e: &IndexError) -> Flow {
 }
 
 /// SET key value [NX|XX] [GET] [KEEPTTL]; EX/PX/EXAT/PXAT are refused (keys do not expire).
-fn set(sh: &Shared, conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
+fn set(view: &mut View<'_>, conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
     let (key, value) = (a[0], a[1]);
     let (mut nx, mut xx, mut get) = (false, false, false);
     let mut i = 2;
@@ -325,13 +694,13 @@ fn set(sh: &Shared, conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
         }
         i += 1;
     }
-    let map = sh.store.map();
+    let sh = view.sh;
     // SET ... GET reads, then writes: exclusive. Without GET it is one store call (put, insert
     // or update, each atomic in the store): shared, so SETs of one key do not queue here.
     let (_exclusive, _shared) =
         if get { (Some(sh.stripe(key)), None) } else { (None, Some(sh.stripe_shared(key))) };
     let old = if get {
-        match map.get_into(key, &mut conn.scratch) {
+        match view.get_into(key, &mut conn.scratch) {
             Ok(present) => present,
             Err(e) => return store_err(out, &e),
         }
@@ -339,11 +708,11 @@ fn set(sh: &Shared, conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
         false
     };
     let wrote = if nx {
-        map.insert(key, value)
+        view.insert(key, value)
     } else if xx {
-        map.update(key, value)
+        view.update(key, value)
     } else {
-        map.put(key, value).map(|()| true)
+        view.put(key, value).map(|()| true)
     };
     match wrote {
         Err(e) => store_err(out, &e),
@@ -354,63 +723,12 @@ fn set(sh: &Shared, conn: &mut Conn, a: &[&[u8]], out: &mut Out) {
     }
 }
 
-/// MSET's puts, under the caller's exclusive stripes of every key. One pair is one put (atomic
-/// on its own); several go through the intent log ([`crate::intent`]): recorded durably first,
-/// cleared durably after the last put, before the reply — all or nothing across a crash.
-fn mset(sh: &Shared, a: &[&[u8]], out: &mut Out) -> Flow {
-    let map = sh.store.map();
-    if a.len() == 2 {
-        match map.put(a[0], a[1]) {
-            Ok(()) => out.ok(),
-            Err(e) => store_err(out, &e),
-        }
-        return Flow::Continue;
-    }
-    let slot = match sh.intents.begin(a) {
-        Ok(slot) => slot,
-        Err(e @ LogError::Failed(_)) => {
-            out.err(&format!("ERR {e}"));
-            return Flow::Continue;
-        }
-        Err(e @ LogError::Fatal(_)) => return fatal(out, &e),
-    };
-    let mut failed = None;
-    for (i, kv) in a.chunks(2).enumerate() {
-        if let Err(e) = map.put(kv[0], kv[1]) {
-            failed = Some((i, e));
-            break;
-        }
-        // After each put, with the intent durable: a crash here is what the replay is for.
-        numakv_pmem::pause_point!("server.mset.put");
-    }
-    // The record goes even when a put failed: the pairs not put would otherwise be put by the
-    // next open, after the client was told the MSET failed.
-    if let Err(e) = sh.intents.end(slot) {
-        return fatal(out, &e);
-    }
-    match failed {
-        None => out.ok(),
-        Some((i, e)) => {
-            out.err(&format!("ERR MSET stopped after {i} of {} pairs: {e}", a.len() / 2))
-        }
-    }
-    Flow::Continue
-}
-
-/// An intent log failure that leaves a record behind: reply, then shut the server down.
-fn fatal(out: &mut Out, e: &LogError) -> Flow {
-    eprintln!("numakv serve: {e}");
-    out.err(&format!("ERR {e}"));
-    Flow::Shutdown
-}
-
-fn incr_by(sh: &Shared, conn: &mut Conn, key: &[u8], delta: Option<i64>, out: &mut Out) {
+fn incr_by(view: &mut View<'_>, conn: &mut Conn, key: &[u8], delta: Option<i64>, out: &mut Out) {
     let Some(delta) = delta else {
         return out.err(INVALID_INT);
     };
-    let map = sh.store.map();
-    let _g = sh.stripe(key);
-    let cur = match map.get_into(key, &mut conn.scratch) {
+    let _g = view.sh.stripe(key);
+    let cur = match view.get_into(key, &mut conn.scratch) {
         Ok(true) => match parse_i64(&conn.scratch) {
             Some(v) => v,
             None => return out.err(INVALID_INT),
@@ -423,7 +741,7 @@ fn incr_by(sh: &Shared, conn: &mut Conn, key: &[u8], delta: Option<i64>, out: &m
     let Some(new) = cur.checked_add(delta) else {
         return out.err("ERR increment or decrement would overflow");
     };
-    match map.put(key, new.to_string().as_bytes()) {
+    match view.put(key, new.to_string().as_bytes()) {
         Ok(()) => out.int(new),
         Err(e) => store_err(out, &e),
     }
@@ -450,11 +768,13 @@ fn flush(sh: &Shared, out: &mut Out) {
             Err(e) => return store_err(out, &e),
         };
         if batch.is_empty() {
+            sh.touch_all();
             return out.ok();
         }
         for k in &batch {
             let _g = sh.stripe_shared(k);
             if let Err(e) = map.delete(k) {
+                sh.touch_all();
                 return store_err(out, &e);
             }
         }

@@ -1,85 +1,105 @@
-//! MSET's intent log: what makes an MSET of several keys all-or-nothing across a crash.
+//! The MSET intent files of earlier versions (`serve-mset.N`): read once, then removed.
 //!
-//! The bytes store makes each put atomic and durable, but an MSET is several puts, and a crash
-//! between two of them would leave a prefix. So before its first put an MSET writes all its
-//! pairs as one record to an intent file in the store directory and makes it durable
-//! (`fdatasync`); then it puts the pairs; then it clears the record (durably, again) — all while
-//! it holds its keys' stripes exclusively, and before its reply. When the server next opens
-//! the store ([`Log::open`], before it accepts a connection), a record still valid in a file is
-//! an MSET that may have stopped part-way: its puts are done again, in order, and the record
-//! cleared. Replaying is sound because nothing else wrote those keys after the MSET began: it
-//! held their stripes until the record was cleared, and a write acknowledged after that cannot
-//! be overwritten by a replay, because there is no record left to replay.
+//! Earlier versions made an MSET all-or-nothing with an intent record in a file of the store
+//! directory, replayed by the next `serve`. That replay ran only in `serve` — after any other
+//! program had opened the store and written — so it could put an old value back over a later
+//! write, and a record of a key the store refuses (1025 bytes, empty) stopped every restart. MSET
+//! now goes through the store's own write batch ([`numakv::WriteBatch`]), whose log lives in the
+//! pool and is finished by whichever program opens the store next.
 //!
-//! A record the crash tore (a power loss mid-write) fails its checksum and is dropped: its
-//! MSET had not put anything yet (the puts start only after the record is durable).
-//!
-//! **Durability.** `fdatasync` of an ordinary file is durable against power loss on any file
-//! system, DAX or not — at least what the store's own writes get in every row of the README's
-//! durability table (on `/dev/shm` it costs nothing and survives a process crash, as the store
-//! does). A new intent file is followed by an `fsync` of the directory, so its name is durable
-//! before a record in it is relied on.
-//!
-//! **Files.** `serve-mset.<N>`, one per MSET that was ever in flight at once (a worker runs one
-//! command at a time, so about one per worker thread), reused: a record is written at offset
-//! 0 over whatever the previous one left; it is cleared by zeroing its magic.
+//! A store last served by an earlier version may still hold intent files. [`migrate`] runs
+//! once when the server starts, before it accepts a connection: a valid record is an MSET the
+//! earlier version may have cut short, and is applied as **one batch** (what that version
+//! promised: all of its pairs); a record the store refuses (a bad key or value: it could never
+//! have been written) or a torn one is dropped; then every intent file is removed (and the
+//! directory synced), so nothing is replayed twice. What it did is reported ([`Replayed`]) and
+//! printed by `numakv serve`.
 //!
 //! **Record** (little-endian): `magic: [u8; 8] = "NKVMSET1"`, `len: u64` (payload bytes),
 //! `crc: u32` (CRC-32 of `len` and the payload), `pad: u32`, then the payload: `pairs: u32`,
-//! then per key and per value `len: u32` and the bytes.
+//! then per key and per value `len: u32` and the bytes; a cleared record has its magic zeroed.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use numakv::ByteMap;
-use parking_lot::Mutex;
+use numakv::{ByteMap, WriteBatch};
 
 /// Prefix of the intent files' names in the store directory.
 pub const FILE_PREFIX: &str = "serve-mset.";
 const MAGIC: [u8; 8] = *b"NKVMSET1";
 const HEADER: usize = 24;
 
-/// One intent file.
-#[derive(Debug)]
-pub struct Slot {
-    file: File,
-    path: PathBuf,
-}
-
-/// The intent files of a store directory, the free ones ready for the next MSET.
-#[derive(Debug)]
-pub struct Log {
-    dir: PathBuf,
-    free: Mutex<Vec<Slot>>,
-    next: Mutex<u64>,
-}
-
-/// Why an intent could not be written or cleared.
-#[derive(Debug, thiserror::Error)]
-pub enum LogError {
-    /// Nothing is recorded: the MSET did not happen and the log is usable.
-    #[error("MSET intent log: {0}")]
-    Failed(io::Error),
-    /// The log may still hold a record that a later open would replay, over any write of its
-    /// keys acknowledged after now: the server must stop before acknowledging one.
-    #[error("MSET intent log: {0}; the server stops (a record it could not clear would be replayed over later writes)")]
-    Fatal(io::Error),
-}
-
-/// What [`Log::open`] replayed.
+/// What [`migrate`] found in the intent files of an earlier version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Replayed {
-    /// MSETs whose record was valid: their pairs were put again.
+    /// Valid records: their MSETs were applied (each as one batch).
     pub msets: usize,
-    /// Pairs put.
+    /// Pairs those MSETs put.
     pub pairs: usize,
     /// Records dropped as torn (checksum or length wrong).
     pub torn: usize,
+    /// Records dropped because the store refuses one of their arguments (nothing written).
+    pub refused: usize,
+    /// Intent files removed.
+    pub files: usize,
 }
 
-fn encode(pairs: &[&[u8]]) -> Vec<u8> {
+/// Applies the valid records of the intent files in `dir` to `map` and removes the files (see
+/// the [module docs](self)). An error leaves the files in place (the next start tries again).
+pub fn migrate(dir: &Path, map: &dyn ByteMap) -> io::Result<Replayed> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(n) = name.to_str().and_then(|n| n.strip_prefix(FILE_PREFIX)) else {
+            continue;
+        };
+        if let Ok(n) = n.parse::<u64>() {
+            found.push((n, entry.path()));
+        }
+    }
+    found.sort();
+    let mut replayed = Replayed::default();
+    for (_, path) in &found {
+        match decode(&std::fs::read(path)?) {
+            Ok(None) => {}
+            Ok(Some(pairs)) => {
+                let mut batch = WriteBatch::new();
+                for (k, v) in &pairs {
+                    batch.put(k, v);
+                }
+                if batch.validate().is_err() {
+                    replayed.refused += 1;
+                    continue;
+                }
+                map.write_batch(&batch).map_err(|e| {
+                    io::Error::other(format!(
+                        "applying the MSET recorded in {} by an earlier version: {e}",
+                        path.display()
+                    ))
+                })?;
+                replayed.msets += 1;
+                replayed.pairs += pairs.len();
+            }
+            Err(Torn) => replayed.torn += 1,
+        }
+    }
+    // PERSIST: every applied batch is durable (on return) before its record goes.
+    for (_, path) in &found {
+        std::fs::remove_file(path)?;
+        replayed.files += 1;
+    }
+    if !found.is_empty() {
+        // PERSIST: the removals are durable: no later start sees these records again.
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(replayed)
+}
+
+/// The record of an MSET of `pairs` (key, value, key, value, ...) as earlier versions wrote it:
+/// for tests of [`migrate`].
+pub fn encode(pairs: &[&[u8]]) -> Vec<u8> {
     let payload_len = 4 + pairs.iter().map(|a| 4 + a.len()).sum::<usize>();
     let mut buf = Vec::with_capacity(HEADER + payload_len);
     buf.extend_from_slice(&MAGIC);
@@ -139,108 +159,6 @@ pub fn decode(bytes: &[u8]) -> Result<Option<Pairs>, Torn> {
         pairs.push((k, v));
     }
     Ok(Some(pairs))
-}
-
-impl Log {
-    /// Opens the intent files in `dir`, replays every valid record into `map` (then clears
-    /// it) and keeps the files for reuse. Runs before the server accepts connections.
-    pub fn open(dir: &Path, map: &dyn ByteMap) -> io::Result<(Log, Replayed)> {
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let Some(n) = name.to_str().and_then(|n| n.strip_prefix(FILE_PREFIX)) else {
-                continue;
-            };
-            if let Ok(n) = n.parse::<u64>() {
-                found.push((n, entry.path()));
-            }
-        }
-        found.sort();
-        let next = found.last().map_or(0, |(n, _)| n + 1);
-        let mut replayed = Replayed::default();
-        let mut free = Vec::new();
-        for (_, path) in found {
-            let file = OpenOptions::new().read(true).write(true).open(&path)?;
-            let bytes = std::fs::read(&path)?;
-            match decode(&bytes) {
-                Ok(None) => {}
-                Ok(Some(pairs)) => {
-                    for (k, v) in &pairs {
-                        map.put(k, v).map_err(|e| {
-                            io::Error::other(format!(
-                                "replaying the MSET recorded in {}: {e}",
-                                path.display()
-                            ))
-                        })?;
-                    }
-                    replayed.msets += 1;
-                    replayed.pairs += pairs.len();
-                }
-                Err(Torn) => replayed.torn += 1,
-            }
-            let slot = Slot { file, path };
-            // PERSIST: the replayed puts are durable (each put is, on return) before the
-            // record that would replay them again is cleared.
-            clear(&slot)?;
-            free.push(slot);
-        }
-        Ok((
-            Log { dir: dir.to_path_buf(), free: Mutex::new(free), next: Mutex::new(next) },
-            replayed,
-        ))
-    }
-
-    /// Makes the intent of an MSET of `pairs` (key, value, key, value, ...) durable; the MSET
-    /// may start its puts when this returns, and must [`end`](Self::end) before its reply.
-    pub fn begin(&self, pairs: &[&[u8]]) -> Result<Slot, LogError> {
-        let slot = match self.free.lock().pop() {
-            Some(s) => s,
-            None => self.new_slot().map_err(LogError::Failed)?,
-        };
-        let rec = encode(pairs);
-        // PERSIST: the whole record (checksummed) is durable before the first put: a crash
-        // from here on replays all of the MSET, a tear before here is dropped whole.
-        match slot.file.write_all_at(&rec, 0).and_then(|()| slot.file.sync_data()) {
-            Ok(()) => Ok(slot),
-            // The record may have reached the file: clear it, or a later open would apply an
-            // MSET that was refused (over writes acknowledged after it).
-            Err(e) => match clear(&slot) {
-                Ok(()) => {
-                    self.free.lock().push(slot);
-                    Err(LogError::Failed(e))
-                }
-                Err(_) => Err(LogError::Fatal(e)),
-            },
-        }
-    }
-
-    /// Clears the MSET's record durably (its puts are all durable) and returns the file to the
-    /// pool. An error is [`LogError::Fatal`]: the record may still be there.
-    pub fn end(&self, slot: Slot) -> Result<(), LogError> {
-        clear(&slot).map_err(LogError::Fatal)?;
-        self.free.lock().push(slot);
-        Ok(())
-    }
-
-    fn new_slot(&self) -> io::Result<Slot> {
-        let mut next = self.next.lock();
-        let path = self.dir.join(format!("{FILE_PREFIX}{}", *next));
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        *next += 1;
-        // PERSIST: the new name is durable before a record in the file is relied on.
-        File::open(&self.dir)?.sync_all()?;
-        Ok(Slot { file, path })
-    }
-}
-
-fn clear(slot: &Slot) -> io::Result<()> {
-    // PERSIST: the zeroed magic (one 8-byte write at offset 0, within one sector) is durable
-    // before the caller replies or serves.
-    slot.file.write_all_at(&[0; 8], 0)?;
-    slot.file
-        .sync_data()
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", slot.path.display())))
 }
 
 #[cfg(test)]

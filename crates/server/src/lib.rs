@@ -137,11 +137,12 @@ pub struct Shared {
     store: BytesStore,
     /// Padded: unpadded, 64 one-byte locks share a cache line, and writes of unrelated keys on
     /// two workers bounce it.
-    stripes: Box<[CachePadded<RwLock<()>>]>,
+    stripes: Box<[CachePadded<Stripe>]>,
+    /// Held shared by every command, exclusively by EXEC and the multi-key writes: what makes
+    /// them atomic against every other client, readers included.
+    gate: Gate,
     cursors: Mutex<Cursors>,
-    /// MSET's intent log, in the store directory.
-    intents: intent::Log,
-    /// What opening the intent log replayed.
+    /// What the intent files of an earlier version held ([`intent::migrate`]).
     replayed: intent::Replayed,
     config: Config,
     addr: SocketAddr,
@@ -160,6 +161,68 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// One stripe of keys: the lock that orders their writers, and the version WATCH compares.
+#[derive(Debug, Default)]
+struct Stripe {
+    lock: RwLock<()>,
+    /// Bumped after every write of a key of this stripe, by the writer, while it holds the gate
+    /// shared (or exclusively): EXEC, holding the gate exclusively, sees every bump of a write
+    /// that completed. A collision of two keys on one stripe only aborts an EXEC that could
+    /// have run (the client retries), never the reverse.
+    version: AtomicU64,
+}
+
+/// A reader-writer lock split into shards, one per worker thread (round-robin): a command
+/// takes its thread's shard shared — an uncontended lock in a cache line no other worker
+/// writes — and EXEC takes every shard exclusively, in order.
+struct Gate {
+    shards: Box<[CachePadded<RwLock<()>>]>,
+}
+
+/// The guard of [`Gate::exclusive`].
+struct GateGuard<'a> {
+    _shards: Vec<RwLockWriteGuard<'a, ()>>,
+}
+
+thread_local! {
+    /// This thread's gate shard, assigned on its first command.
+    static GATE_SHARD: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The next shard to hand out.
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+impl Gate {
+    fn new(shards: usize) -> Gate {
+        Gate { shards: (0..shards.clamp(1, 64)).map(|_| Default::default()).collect() }
+    }
+
+    /// Shared: for every command but the exclusive ones.
+    fn shared(&self) -> RwLockReadGuard<'_, ()> {
+        let i = GATE_SHARD.with(|c| match c.get() {
+            Some(i) => i,
+            None => {
+                // ORDERING: Relaxed; only spreads threads over shards.
+                let i = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
+                c.set(Some(i));
+                i
+            }
+        });
+        self.shards[i % self.shards.len()].read()
+    }
+
+    /// Exclusive: no other command runs until the guard drops.
+    fn exclusive(&self) -> GateGuard<'_> {
+        GateGuard { _shards: self.shards.iter().map(|s| s.write()).collect() }
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").field("shards", &self.shards.len()).finish()
+    }
+}
+
 impl Shared {
     fn stripe_of(&self, key: &[u8]) -> usize {
         // FNV-1a: cheap, and good enough to spread keys over the stripes.
@@ -173,18 +236,38 @@ impl Shared {
     /// `key`'s stripe (shared with every key hashing to it), exclusively: for a command that
     /// reads a key and writes it back (or writes several keys as one).
     fn stripe(&self, key: &[u8]) -> RwLockWriteGuard<'_, ()> {
-        self.stripes[self.stripe_of(key)].write()
+        self.stripes[self.stripe_of(key)].lock.write()
     }
 
     /// `key`'s stripe, shared: for a write that is one store call (atomic in the store, which
     /// orders concurrent writers of a key itself), so that it does not fall inside an exclusive
     /// holder's read-modify-write. Writers of one hot key do not queue on it.
     fn stripe_shared(&self, key: &[u8]) -> RwLockReadGuard<'_, ()> {
-        self.stripes[self.stripe_of(key)].read()
+        self.stripes[self.stripe_of(key)].lock.read()
     }
 
-    fn new_stripes() -> Box<[CachePadded<RwLock<()>>]> {
-        (0..STRIPES).map(|_| CachePadded::new(RwLock::new(()))).collect()
+    /// Marks `key` written (WATCH): after the write returned, under the gate.
+    fn touch(&self, key: &[u8]) {
+        // ORDERING: Release; pairs with the Acquire in `version` (WATCH and EXEC).
+        self.stripes[self.stripe_of(key)].version.fetch_add(1, Ordering::Release);
+    }
+
+    /// Marks every key written (FLUSHDB).
+    fn touch_all(&self) {
+        for s in self.stripes.iter() {
+            // ORDERING: Release, as in `touch`.
+            s.version.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// The write version of `key`'s stripe.
+    fn version(&self, stripe: usize) -> u64 {
+        // ORDERING: Acquire; pairs with the Release in `touch`.
+        self.stripes[stripe].version.load(Ordering::Acquire)
+    }
+
+    fn new_stripes() -> Box<[CachePadded<Stripe>]> {
+        (0..STRIPES).map(|_| CachePadded::new(Stripe::default())).collect()
     }
 }
 
@@ -232,13 +315,14 @@ impl Server {
                 return Err(e);
             }
         };
-        // Before the first connection: an MSET a crash cut short is completed.
-        let (intents, replayed) = match intent::Log::open(store.dir(), store.map()) {
-            Ok(log) => log,
+        // Before the first connection: intent files an earlier version left are applied once
+        // and removed (a batch a crash cut short was finished by the store's open already).
+        let replayed = match intent::migrate(store.dir(), store.map()) {
+            Ok(r) => r,
             Err(e) => {
                 let _ = store.close();
                 return Err(ServerError::Io {
-                    what: "replaying the MSET intent log".into(),
+                    what: "reading the MSET intent files of an earlier version".into(),
                     source: e,
                 });
             }
@@ -247,8 +331,8 @@ impl Server {
         let shared = Arc::new(Shared {
             store,
             stripes: Shared::new_stripes(),
+            gate: Gate::new(threads),
             cursors: Mutex::new(Cursors::default()),
-            intents,
             replayed,
             config,
             addr,
@@ -328,8 +412,8 @@ impl Server {
         self.shared.addr
     }
 
-    /// The MSETs that a crash had cut short and that [`start`](Self::start) completed from the
-    /// intent log (and the torn records it dropped).
+    /// What [`start`](Self::start) found in intent files an earlier version left
+    /// ([`intent::migrate`]).
     pub fn replayed(&self) -> &intent::Replayed {
         &self.shared.replayed
     }
@@ -568,12 +652,12 @@ mod interleavings {
         let opts = Options::default().capacity_per_node(64 << 20);
         let store = BytesStore::create(dir.path(), EngineKind::FastFair, opts).unwrap();
         let (shutdown, _) = watch::channel(false);
-        let (intents, replayed) = intent::Log::open(dir.path(), store.map()).unwrap();
+        let replayed = intent::migrate(dir.path(), store.map()).unwrap();
         let sh = Arc::new(Shared {
             store,
             stripes: Shared::new_stripes(),
+            gate: Gate::new(2),
             cursors: Mutex::new(Cursors::default()),
-            intents,
             replayed,
             config: Config::default(),
             addr: "127.0.0.1:0".parse().unwrap(),

@@ -66,6 +66,11 @@ impl Out {
         self.buf.extend_from_slice(if self.resp3 { b"_\r\n" } else { b"$-1\r\n" });
     }
 
+    /// The null array (EXEC aborted by WATCH): RESP2's `*-1`, RESP3's `_`.
+    pub fn null_array(&mut self) {
+        self.buf.extend_from_slice(if self.resp3 { b"_\r\n" } else { b"*-1\r\n" });
+    }
+
     /// The header of a map of `pairs` entries: RESP3's `%`, or in RESP2 an array of twice as
     /// many elements (key, value, ...); the caller appends the keys and values.
     pub fn map_header(&mut self, pairs: usize) {
