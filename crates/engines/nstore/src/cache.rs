@@ -589,6 +589,43 @@ mod tests {
         assert_eq!(c.items(), 0);
     }
 
+    /// "Every `sample`-th get" counts gets only: writes between them do not shift the
+    /// sampling (they shared one per-thread counter, so every 4th *operation* was sampled).
+    #[test]
+    fn writes_do_not_shift_the_sampling_of_gets() {
+        std::thread::spawn(|| {
+            let c = cache(CacheMode::Raf, 4);
+            let mut admits = Vec::new();
+            for k in 1..=8 {
+                c.tick_write();
+                match c.probe(k, 0) {
+                    Probe::Miss { admit, .. } => admits.push(admit),
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(admits, [false, false, false, true, false, false, false, true]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// The state inside `switch(false)` after `enabled` is cleared and before the buckets are
+    /// emptied: a write then still fixes the cached item (writers check `len`, not `enabled`),
+    /// so a `switch(true)` at that moment serves the current value, not a stale one.
+    #[test]
+    fn an_item_left_by_a_switch_off_in_progress_is_kept_current() {
+        let c = cache(CacheMode::Raf, 1);
+        let Probe::Miss { epoch, .. } = c.probe(9, 0) else { panic!("expected a miss") };
+        c.admit(9, 90, 0, 0, epoch);
+        c.enabled.store(false, Ordering::Relaxed); // switch(false), not yet emptied
+        assert_eq!(c.probe(9, 0), Probe::Off);
+        c.on_write(9, Some((91, 0)));
+        c.enabled.store(true, Ordering::Relaxed); // a switch(true) overtakes the emptying
+        assert_eq!(c.probe(9, 0), Probe::Hit(91));
+        c.on_write(9, None);
+        assert!(matches!(c.probe(9, 0), Probe::Miss { .. }));
+    }
+
     #[test]
     fn an_admission_racing_a_write_is_dropped() {
         let c = cache(CacheMode::Raf, 1);

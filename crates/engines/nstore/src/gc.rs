@@ -169,6 +169,7 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
     }
     let node = f.info.node;
     let tail = f.tail.load(Ordering::Acquire);
+    numakv_pmem::pause_point!("nstore.gc.tail_read");
     for slot in 0..tail {
         if inner.stop.load(Ordering::Acquire) {
             return Ok(false);
@@ -215,6 +216,7 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
 fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
     let node = f.info.node;
     let tail = f.tail.load(Ordering::Acquire);
+    numakv_pmem::pause_point!("nstore.gc.tail_read");
     let mut off = 0;
     while off < tail {
         if inner.stop.load(Ordering::Acquire) {

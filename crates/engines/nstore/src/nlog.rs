@@ -35,6 +35,10 @@ use crate::layout::{
     OWNER_ENGINE, VAR_HEAD,
 };
 
+/// Most reservations of one fixed-size file in flight at once.
+#[allow(dead_code)]
+pub(crate) const MAX_PENDING: u32 = numakv_numa::MAX_THREADS as u32;
+
 /// The size a (node, cluster)'s first log file aims at (rounded up to a page, at most the
 /// format's `log_file_size`); each next file of it doubles.
 pub const FIRST_FILE_BYTES: u64 = 64 << 10;
@@ -631,5 +635,53 @@ impl Nlog {
         // every reserved entry complete.
         f.pending.fetch_sub(1, Ordering::Release);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use numakv_index::Engine;
+    use numakv_pmem::{Pool, PoolConfig};
+
+    use super::*;
+    use crate::{NStore, NStoreOptions};
+
+    /// A file with `MAX_PENDING` reservations in flight takes no more until one is written:
+    /// recovery relies on at most that many unwritten slots before a written one.
+    #[test]
+    fn reservations_in_flight_are_bounded() {
+        let pool = Pool::volatile(PoolConfig::new(NStore::engine_id(), 8 << 20)).unwrap();
+        let opts = NStoreOptions {
+            clusters: 1,
+            log_file_size: 64 << 10, // 1637 slots: room beyond the bound
+            gc_threads_per_node: 0,
+            ..Default::default()
+        };
+        let s = NStore::create(pool, &opts).unwrap();
+        let nlog = &s.inner.nlog;
+        let held: Vec<(Arc<LogFile>, u32)> =
+            (0..MAX_PENDING).map(|_| nlog.reserve(0, 0, Need::Put).unwrap()).collect();
+        assert!(held.iter().all(|(f, _)| Arc::ptr_eq(f, &held[0].0)), "one file");
+        assert!(u64::from(held[0].0.slots) > u64::from(MAX_PENDING) + 1);
+        std::thread::scope(|t| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            t.spawn(move || tx.send(nlog.reserve(0, 0, Need::Put).unwrap()).unwrap());
+            // It must wait; if the bound were missing it would answer at once.
+            assert!(
+                rx.recv_timeout(Duration::from_millis(300)).is_err(),
+                "a reservation beyond {MAX_PENDING} in flight was granted"
+            );
+            let (f, slot) = &held[0];
+            nlog.write(f, *slot, Op::Ins, 1, 0, 7, 7).unwrap();
+            let (g, next) = rx.recv_timeout(Duration::from_secs(60)).expect("still waiting");
+            assert!(Arc::ptr_eq(f, &g));
+            assert_eq!(next, MAX_PENDING);
+            nlog.write(&g, next, Op::Ins, 2, 0, 8, 8).unwrap();
+        });
+        for (f, slot) in &held[1..] {
+            nlog.write(f, *slot, Op::Ins, 3, 0, u64::from(*slot) + 100, 0).unwrap();
+        }
     }
 }

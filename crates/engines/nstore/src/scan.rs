@@ -109,6 +109,7 @@ pub(crate) fn scan(
     let _guard = epoch::pin();
     let mut addrs = Vec::with_capacity(max.min(1024));
     inner.index.scan(start, max, &mut addrs);
+    numakv_pmem::pause_point!("nstore.scan.listed");
     let mut values: Vec<Option<u64>> = vec![None; addrs.len()];
     let me = my_node(inner.nlog.nodes);
     let mut batches: Vec<Vec<(usize, u64, VAddr)>> = vec![Vec::new(); inner.nlog.nodes];
