@@ -236,7 +236,11 @@ pub(crate) enum Probe {
 }
 
 thread_local! {
+    /// This thread's gets (probes), for "every `sample`-th get".
     static TICK: Cell<u32> = const { Cell::new(0) };
+    /// This thread's writes, sampled apart from its gets: a shared counter made "every 32nd
+    /// get" every 32nd operation, so a mixed workload sampled (and admitted) fewer gets.
+    static WRITE_TICK: Cell<u32> = const { Cell::new(0) };
     static SHARD: usize =
         NEXT_SHARD.fetch_add(1, Ordering::Relaxed) as usize % COUNTER_SHARDS;
 }
@@ -326,12 +330,17 @@ impl Cache {
         self.weights.get(owner * self.nodes + reader).copied().unwrap_or(UNIT)
     }
 
-    /// True on this thread's every `sample`-th call.
+    /// True on this thread's every `sample`-th get.
     fn sampled(&self) -> bool {
-        TICK.with(|t| {
+        Self::every(&TICK, self.sample)
+    }
+
+    /// True on every `sample`-th call with the thread-local counter `tick`.
+    fn every(tick: &'static std::thread::LocalKey<Cell<u32>>, sample: u32) -> bool {
+        tick.with(|t| {
             let n = t.get().wrapping_add(1);
             t.set(n);
-            n % self.sample == 0
+            n % sample == 0
         })
     }
 
@@ -446,7 +455,7 @@ impl Cache {
 
     /// Counts a write toward the switching window (sampled like gets).
     pub(crate) fn tick_write(&self) {
-        if self.sampled() {
+        if Self::every(&WRITE_TICK, self.sample) {
             self.window(false, false, false);
         }
     }
