@@ -577,17 +577,22 @@ impl NStore {
     pub fn gc_quiesce(&self, timeout: Duration) -> Result<bool> {
         let t0 = std::time::Instant::now();
         loop {
-            let n = self.collect_garbage()?;
+            let n = match self.collect_garbage() {
+                Ok(n) => n,
+                // No room for a reclaim's rewrites (yet): the files retired before it are freed
+                // only after their grace period, which other threads' pins may delay. Not an
+                // error of the quiesce: it waits for those frees like for everything else.
+                Err(e) if e.is_out_of_space() => 0,
+                Err(e) => return Err(e),
+            };
             let inner = &self.inner;
+            epoch::pin().flush();
+            gc::drain_retired(inner);
             // ORDERING: Acquire; pairs with the AcqRel decrement after a reclaim.
             let idle = inner.counters.gc_busy.load(Ordering::Acquire) == 0
                 && !inner.nlog.all_files().iter().any(|f| gc::eligible(inner, f));
-            if n == 0 && idle {
-                epoch::pin().flush();
-                gc::drain_retired(inner);
-                if inner.retired.lock().is_empty() {
-                    return Ok(true);
-                }
+            if n == 0 && idle && inner.retired.lock().is_empty() {
+                return Ok(true);
             }
             if t0.elapsed() >= timeout {
                 return Ok(false);
