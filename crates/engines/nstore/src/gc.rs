@@ -77,28 +77,41 @@ pub(crate) fn eligible(inner: &Inner, f: &LogFile) -> bool {
         && !f.claimed.load(Ordering::Acquire)
 }
 
-/// GC passes in a row that must find an active file unchanged before it counts as idle.
-pub(crate) const IDLE_PASSES: u32 = 4;
+/// How long GC passes must find an active file unchanged before it counts as idle.
+pub(crate) const IDLE_TIME: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Seals `f` when it is an active file that no write reached for [`IDLE_PASSES`] passes and
-/// whose garbage share is above the threshold, so that the pass (and later ones) can reclaim
-/// it. The paper reclaims full files only; without this, the garbage in the active files of
-/// idle clusters — up to clusters × 2 kinds × `log_file_size` per node — stayed for good. The
-/// cluster's next write allocates a new file of the first file's size.
+/// Milliseconds since the first call in this process, plus 1 (so never 0).
+pub(crate) fn clock_ms() -> u64 {
+    static T0: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    T0.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// Seals `f` when it is an active file that no write reached for [`IDLE_TIME`] (as seen by the
+/// passes over it) and whose garbage share is above the threshold, so that the pass (and
+/// later ones) can reclaim it. The paper reclaims full files only; without this, the garbage in
+/// the active files of idle clusters — up to clusters × 2 kinds × `log_file_size` per node —
+/// stayed for good. The cluster's next write allocates a new file of the first file's size.
+/// (Time, not a number of passes: with a 1 ms `gc_interval` a few passes are no idleness, and
+/// sealing busy files churns files and retires for nothing.)
 fn seal_if_idle(inner: &Inner, f: &LogFile) {
     // ORDERING: Acquire; pairs with the Release stores of `sealed` and `tail` in Nlog.
     if f.sealed.load(Ordering::Acquire) {
         return;
     }
     let tail = f.tail.load(Ordering::Acquire);
+    let now = clock_ms();
     // ORDERING: Relaxed: a heuristic of the GC passes over this file (one at a time per file:
     // a file belongs to one GC thread's share, and `collect_garbage` only races it benignly).
     if f.seen_tail.swap(tail, Ordering::Relaxed) != tail {
-        f.idle_passes.store(0, Ordering::Relaxed);
+        f.idle_since.store(0, Ordering::Relaxed);
         return;
     }
-    let idle = f.idle_passes.fetch_add(1, Ordering::Relaxed) + 1;
-    if idle >= IDLE_PASSES && f.dead_share() > inner.opts.gc_threshold {
+    let since = f.idle_since.load(Ordering::Relaxed);
+    if since == 0 {
+        f.idle_since.store(now, Ordering::Relaxed);
+        return;
+    }
+    if now - since >= IDLE_TIME.as_millis() as u64 && f.dead_share() > inner.opts.gc_threshold {
         inner.nlog.seal_if_active(f);
     }
 }

@@ -144,11 +144,11 @@ pub(crate) struct LogFile {
     /// Taken by the GC pass that reclaims the file, so that two passes (a GC thread and
     /// [`crate::NStore::collect_garbage`]) never reclaim — and free — the same file twice.
     pub claimed: AtomicBool,
-    /// GC's view of an active file's activity: the tail at its previous pass over the file
-    /// (`u32::MAX`: none yet) and how many passes in a row found it unchanged
-    /// ([`crate::gc`]: idle active files are sealed and collected).
+    /// GC's view of an active file's activity ([`crate::gc`]: idle active files are sealed and
+    /// collected): the tail at its previous pass over the file (`u32::MAX`: none yet) ...
     pub seen_tail: AtomicU32,
-    pub idle_passes: AtomicU32,
+    /// ... and since when (`gc::clock_ms`) the passes found it unchanged (0: it changed).
+    pub idle_since: AtomicU64,
 }
 
 impl LogFile {
@@ -163,7 +163,7 @@ impl LogFile {
             dead: AtomicU32::new(0),
             claimed: AtomicBool::new(false),
             seen_tail: AtomicU32::new(u32::MAX),
-            idle_passes: AtomicU32::new(0),
+            idle_since: AtomicU64::new(0),
         }
     }
 

@@ -49,8 +49,9 @@ fn a_file_whose_reclaim_fails_does_not_stop_gc_of_the_next() {
     common::verify(&s, &model, "after the retry");
 }
 
-/// The active file of a cluster nobody writes any more, mostly garbage, is sealed after
-/// `IDLE_PASSES` (4) passes that found it unchanged, and reclaimed; a written one is not.
+/// The active file of a cluster nobody writes any more, mostly garbage, is sealed once GC
+/// passes found it unchanged for a second (`gc::IDLE_TIME`), and reclaimed; a file written
+/// between the passes is not.
 #[test]
 fn an_idle_active_file_with_garbage_is_sealed_and_collected() {
     let o = NStoreOptions { clusters: 1, log_file_size: 16 << 10, ..opts() };
@@ -66,19 +67,27 @@ fn an_idle_active_file_with_garbage_is_sealed_and_collected() {
     }
     // 200 of 408 slots written, 150 superseded: above the threshold, not full.
     let reclaimed = || s.stats().counter("gc_files_reclaimed").unwrap_or(0);
-    for pass in 0..8 {
+    let t0 = std::time::Instant::now();
+    let mut pass = 0;
+    while t0.elapsed() < std::time::Duration::from_millis(1500) {
         assert_eq!(s.collect_garbage().unwrap(), 0, "pass {pass}");
         s.upsert(1, pass).unwrap(); // busy: never idle
         model.insert(1, pass);
+        pass += 1;
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert_eq!(reclaimed(), 0, "a file being written was collected");
     let before = s.stats().pm_bytes();
-    let mut passes = 0;
+    let t0 = std::time::Instant::now();
     while reclaimed() == 0 {
-        passes += 1;
-        assert!(passes <= 5, "an idle file with 75 % garbage was never collected");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "an idle file with 75 % garbage was never collected"
+        );
         s.collect_garbage().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(1), "sealed before it was idle");
     assert!(s.stats().pm_bytes() < before, "nothing freed");
     common::verify(&s, &model, "after the idle file was collected");
     s.upsert(7, 7).unwrap(); // the cluster gets a new active file
