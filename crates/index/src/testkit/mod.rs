@@ -31,6 +31,7 @@ pub mod linearize;
 mod model;
 mod scans;
 pub mod scenario;
+pub mod steps;
 pub mod toy;
 
 use std::fmt;
@@ -99,6 +100,11 @@ pub struct Kit<E: Engine> {
     /// survive even if the write that produced it had not returned (durable linearizability of
     /// reads). eADR kill tests always demand it: there a visible store is a durable store.
     pub durable_reads_adr: bool,
+    /// Coverage gates: engine counters ([`crate::EngineStats::counters`]) that the randomized
+    /// oracles ([`Kit::concurrent_shared`], [`Kit::crash_shadow`])
+    /// must see raised — the mechanisms the engine's kit claims those oracles exercise. A run
+    /// that raised none of one fails naming it. Empty by default.
+    pub gates: Vec<&'static str>,
 }
 
 impl<E: Engine> Kit<E> {
@@ -112,7 +118,25 @@ impl<E: Engine> Kit<E> {
             small_capacity_per_node: 8 << 20,
             scale: test_scale(),
             durable_reads_adr: false,
+            gates: Vec::new(),
         }
+    }
+
+    /// The coverage gate of `oracle`: prints each gate's count in `stats` and fails naming the
+    /// gates that stayed at zero.
+    pub fn check_gates(&self, oracle: &str, stats: &[crate::EngineStats]) -> Verdict {
+        if self.gates.is_empty() {
+            return Ok(());
+        }
+        let count = |g: &str| stats.iter().map(|s| s.counter(g).unwrap_or(0)).sum::<u64>();
+        let seen: Vec<(&str, u64)> = self.gates.iter().map(|&g| (g, count(g))).collect();
+        eprintln!("{oracle}: coverage {seen:?}{}", numakv_pmem::chaos::note());
+        let missed: Vec<&str> = seen.iter().filter(|g| g.1 == 0).map(|g| g.0).collect();
+        ensure!(
+            missed.is_empty(),
+            "{oracle}: coverage gate: the run reached none of {missed:?} (seen {seen:?})"
+        );
+        Ok(())
     }
 
     /// A pool configuration for this kit.
@@ -167,6 +191,24 @@ pub fn seed() -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or_else(rand::random)
+}
+
+/// Turns chaos schedules on for this test process ([`numakv_pmem::chaos`]): with the seed in
+/// `NUMAKV_CHAOS` when set, else with `default_seed` (CI's fixed budget run). Returns the seed
+/// (printed; a failing oracle's message carries it too).
+pub fn chaos_on(default_seed: u64) -> u64 {
+    numakv_pmem::chaos::init_from_env();
+    match numakv_pmem::chaos::seed() {
+        Some(s) => s,
+        None => {
+            eprintln!(
+                "chaos: {}={default_seed} (the kit's default)",
+                numakv_pmem::chaos::CHAOS_ENV
+            );
+            numakv_pmem::chaos::enable(default_seed);
+            default_seed
+        }
+    }
 }
 
 /// Generates the conformance tests of an engine: one `#[test]` per oracle.
