@@ -722,10 +722,15 @@ impl Pool {
         self.shadow.as_ref().map_or(0, |s| s.fences())
     }
 
-    /// Cancels a scheduled crash that has not fired.
-    pub fn cancel_crash(&self) {
-        if let Some(s) = &self.shadow {
-            s.cancel_scheduled();
+    /// Cancels a scheduled crash that has not fired. Returns false when the pool crashed or a
+    /// scheduled crash is firing in another thread right now (its fence took the last step of
+    /// the countdown: the image is being frozen) — either way this session is over: drop the
+    /// pool and reopen. Checking [`Pool::has_crashed`] after cancelling is not enough for that
+    /// second case.
+    pub fn cancel_crash(&self) -> bool {
+        match &self.shadow {
+            Some(s) => s.cancel_scheduled(),
+            None => true,
         }
     }
 

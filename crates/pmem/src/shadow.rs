@@ -273,8 +273,13 @@ impl Shadow {
         self.countdown.store(fences.min(i64::MAX as u64) as i64, Ordering::Release);
     }
 
-    pub(crate) fn cancel_scheduled(&self) {
-        self.countdown.store(-1, Ordering::Release);
+    /// Cancels a scheduled crash; false when it has fired or is firing (the countdown reached
+    /// 0 in some thread's fence: that thread is freezing the image now) or the image is frozen.
+    pub(crate) fn cancel_scheduled(&self) -> bool {
+        // ORDERING: AcqRel, as the fence's decrement: either the swap sees the 1 → 0 step of a
+        // firing fence, or that fence's decrement sees -1 and does not fire.
+        let old = self.countdown.swap(-1, Ordering::AcqRel);
+        old != 0 && !self.is_frozen()
     }
 
     pub(crate) fn fences(&self) -> u64 {

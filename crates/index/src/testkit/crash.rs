@@ -277,10 +277,10 @@ impl<E: Engine> Kit<E> {
             match E::open(pool.clone(), &self.opts) {
                 Ok(_) | Err(_) if pool.has_crashed() => continue, // crashed during recovery
                 Ok((e, _)) => {
-                    pool.cancel_crash();
                     // An engine that recovers in the background may have crashed between the
-                    // check above and the cancel (a crash during its background recovery).
-                    if pool.has_crashed() {
+                    // check above and the cancel (a crash during its background recovery), or
+                    // be crashing in one of its threads now.
+                    if !pool.cancel_crash() {
                         continue;
                     }
                     return Ok(e);

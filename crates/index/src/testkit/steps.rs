@@ -498,8 +498,7 @@ impl<E: Engine + Sync> Kit<E> {
             match E::open(pool.clone(), &self.opts) {
                 Ok(_) | Err(_) if pool.has_crashed() => {}
                 Ok((e, _)) => {
-                    pool.cancel_crash();
-                    if !pool.has_crashed() {
+                    if pool.cancel_crash() {
                         return Ok(e);
                     }
                 }
