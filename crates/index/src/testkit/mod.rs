@@ -92,6 +92,10 @@ pub struct Kit<E: Engine> {
     pub nodes: usize,
     /// Capacity per node of the kit's pools (sparse files).
     pub capacity_per_node: u64,
+    /// Page size of the kit's pools ([`numakv_pmem::DEFAULT_PAGE_SIZE`] by default); small
+    /// pages make engines that size their files or extents by pages (NStore's logs) seal and
+    /// collect them within a small run.
+    pub page_size: u64,
     /// Capacity per node of the deliberately small pool of the out-of-space check.
     pub small_capacity_per_node: u64,
     /// Size factor ([`test_scale`] by default).
@@ -115,6 +119,7 @@ impl<E: Engine> Kit<E> {
             opts,
             nodes: 2,
             capacity_per_node: 256 << 20,
+            page_size: numakv_pmem::DEFAULT_PAGE_SIZE,
             small_capacity_per_node: 8 << 20,
             scale: test_scale(),
             durable_reads_adr: false,
@@ -143,6 +148,7 @@ impl<E: Engine> Kit<E> {
     pub(crate) fn pool_config(&self, mode: PersistMode, sim: SimMode) -> PoolConfig {
         let mut cfg = PoolConfig::new(E::engine_id(), self.capacity_per_node);
         cfg.nodes = self.nodes;
+        cfg.page_size = self.page_size;
         cfg.mode = mode;
         cfg.sim = sim;
         cfg
