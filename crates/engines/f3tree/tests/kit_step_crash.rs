@@ -12,7 +12,12 @@ use numakv_index::testkit::{Kit, Verdict, Violation};
 use numakv_pmem::PersistMode;
 
 fn kit() -> Kit<F3Tree> {
+    kit_with(true)
+}
+
+fn kit_with(hash_lookups: bool) -> Kit<F3Tree> {
     let opts = F3TreeOptions {
+        hash_lookups,
         fo_entries: 4,
         count_threshold: 6,
         time_threshold: Duration::from_millis(1),
@@ -67,4 +72,24 @@ fn evaluation_every_fence_adr() {
 #[test]
 fn evaluation_every_store_eadr() {
     kit().step_crash(&scenario(), PersistMode::Eadr).unwrap();
+}
+
+// The same with No-Hash lookups (papers/f3tree.txt: reads walk the PTFO lists instead of the
+// DRAM hash table). On the code before issue 35's fix these fail: after recovery a No-Hash get
+// returns a value an acknowledged later write superseded (found by this kit at the first run,
+// e.g. "crash point 217 of 296: key 41: recovered Some(5a00000007800029), which no durable
+// linearization explains (… writes [effect@invoke..response] [None@83..Some(84),
+// Some(5a00000007800029)@120..Some(121), None@159..Some(160)] …)"). Ignored until that fix
+// lands; run with `--ignored`.
+
+#[test]
+#[ignore = "finds issue 35's No-Hash read of a superseded value after reopen until it is fixed"]
+fn evaluation_no_hash_every_fence_adr() {
+    kit_with(false).step_crash(&scenario(), PersistMode::Adr).unwrap();
+}
+
+#[test]
+#[ignore = "finds issue 35's No-Hash read of a superseded value after reopen until it is fixed"]
+fn evaluation_no_hash_every_store_eadr() {
+    kit_with(false).step_crash(&scenario(), PersistMode::Eadr).unwrap();
 }

@@ -12,6 +12,11 @@
 //! | [`Kit::crash_shadow`] | ADR power failures at random fences, random eviction, crashes during recovery |
 //! | [`Kit::crash_kill`] | eADR: a child process SIGKILLed at random moments, crashes during recovery |
 //! | [`Kit::bad_input`] | reserved keys, another engine's store, pool exhaustion |
+//! | [`Kit::step_crash`] | an engine's protocol scenario crashed at every fence (ADR) / PM store (eADR), checked for durable linearizability on shared keys ([`steps`]) |
+//!
+//! Chaos schedules ([`chaos_on`], `NUMAKV_CHAOS`) run any oracle with preemptions on the PM
+//! steps; [`Kit::gates`] makes the randomized oracles fail when they never reached the
+//! mechanism the engine's kit names.
 //!
 //! Every crash oracle also checks `check()` and the leak invariant (reachable PM blocks equal
 //! allocated blocks right after recovery). Each call returns a [`Violation`] describing the first
