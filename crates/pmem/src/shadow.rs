@@ -386,8 +386,8 @@ fn for_each_dirty_line(work: *const u8, img: &Mapping, mut f: impl FnMut(usize))
 }
 
 /// Per 4 KiB page of `[work, work + len)`: whether it is present and anonymous (a private page
-/// copied on write), from `/proc/self/pagemap` (bit 63 present, bit 61 file-page or shared
-/// anonymous; linux/Documentation/admin-guide/mm/pagemap.rst). `None` when the file cannot be
+/// copied on write) or swapped, from `/proc/self/pagemap` (bit 63 present, bit 62 swapped, bit
+/// 61 file-page or shared anonymous; linux/Documentation/admin-guide/mm/pagemap.rst). `None` when the file cannot be
 /// read or the page size is not 4 KiB.
 fn written_pages(work: *const u8, len: usize) -> Option<Vec<bool>> {
     use std::os::unix::fs::FileExt;
@@ -403,7 +403,8 @@ fn written_pages(work: *const u8, len: usize) -> Option<Vec<bool>> {
         buf.chunks_exact(8)
             .map(|e| {
                 let v = u64::from_le_bytes(e.try_into().expect("8-byte entry"));
-                v & (1 << 63) != 0 && v & (1 << 61) == 0
+                // Present and anonymous, or swapped out (only anonymous pages are swapped).
+                (v & (1 << 63) != 0 && v & (1 << 61) == 0) || v & (1 << 62) != 0
             })
             .collect(),
     )
