@@ -156,6 +156,21 @@ fn thread_identity() -> u64 {
     h.finish() | 1
 }
 
+/// The decision at step `n` of the thread with identity `id`: `None` (go on) or the random word
+/// that picks the preemption. A pure function: the replay guarantee.
+fn decide(seed: u64, id: u64, n: u64, site: Site) -> Option<u64> {
+    let slow =
+        mix(seed ^ id.rotate_left(17) ^ (n >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15)) % 4 == 0;
+    let h = mix(seed ^ id ^ n.wrapping_mul(0xd1b5_4a32_d192_ed03));
+    // One in 256 steps, eight times that for a slow thread; pause points 16 times as often.
+    let shift = match (site, slow) {
+        (Site::Pause, _) => 4,
+        (_, true) => 5,
+        (_, false) => 8,
+    };
+    (h & ((1 << shift) - 1) == 0).then_some(h >> 16)
+}
+
 /// The decision for the calling thread's next step, and the preemption it makes.
 #[cold]
 #[inline(never)]
@@ -175,21 +190,8 @@ pub(crate) fn step(site: Site) {
         return; // thread teardown
     };
     STEPS.fetch_add(1, Ordering::Relaxed);
-    let seed = SEED.load(Ordering::Relaxed);
-    let slow =
-        mix(seed ^ id.rotate_left(17) ^ (n >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15)) % 4 == 0;
-    let h = mix(seed ^ id ^ n.wrapping_mul(0xd1b5_4a32_d192_ed03));
-    // One in 256 steps, eight times that for a slow thread; pause points 16 times as often.
-    let shift = match (site, slow) {
-        (Site::Pause, _) => 4,
-        (_, true) => 5,
-        (_, false) => 8,
-    };
-    if h & ((1 << shift) - 1) != 0 {
-        return;
-    }
+    let Some(r) = decide(SEED.load(Ordering::Relaxed), id, n, site) else { return };
     PREEMPTIONS.fetch_add(1, Ordering::Relaxed);
-    let r = h >> 16;
     match r % 100 {
         0..=59 => std::thread::yield_now(),
         60..=84 => {
@@ -207,14 +209,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decisions_depend_only_on_seed_thread_and_counter() {
-        let a = mix(7 ^ 11 ^ 3u64.wrapping_mul(0xd1b5_4a32_d192_ed03));
-        let b = mix(7 ^ 11 ^ 3u64.wrapping_mul(0xd1b5_4a32_d192_ed03));
-        assert_eq!(a, b);
-        assert_ne!(mix(1), mix(2));
-        // The same named thread has the same identity in every run of the process.
-        let id = || std::thread::Builder::new().name("x".into()).spawn(thread_identity);
-        let (x, y) = (id().unwrap().join().unwrap(), id().unwrap().join().unwrap());
-        assert_ne!(x, y, "ThreadId distinguishes two threads of one name");
+    fn decisions_replay_from_seed_thread_and_counter() {
+        let run = |seed, id| -> Vec<Option<u64>> {
+            (0..100_000).map(|n| decide(seed, id, n, Site::Access)).collect()
+        };
+        let a = run(7, 11);
+        assert_eq!(a, run(7, 11), "the same seed and thread make the same decisions");
+        assert_ne!(a, run(8, 11), "another seed decides differently");
+        assert_ne!(a, run(7, 12), "another thread decides differently");
+        let n = a.iter().filter(|d| d.is_some()).count();
+        // 1/256 normally, 1/32 in a quarter of the epochs: about 1.2% of the steps.
+        assert!((500..3_000).contains(&n), "{n} preemptions in 100 000 steps");
+        let pauses = (0..10_000).filter(|&n| decide(7, 11, n, Site::Pause).is_some()).count();
+        assert!((400..900).contains(&pauses), "pause points preempt 1 in 16: {pauses}");
+        // A thread's identity is fixed for its life (name and ThreadId).
+        assert_eq!(thread_identity(), thread_identity());
     }
 }
