@@ -13,6 +13,8 @@
 //! - [`access`]: the accessor types PM structures are built from.
 //! - `failpoint` (feature `failpoints`): named pause and failure points that tests use to force
 //!   an interleaving ([`pause_point!`], [`fail_point!`]; no-ops without the feature).
+//! - [`chaos`]: chaos schedules (`NUMAKV_CHAOS=<seed>`): every PM access, flush, fence and pause
+//!   point a possible preemption, replayable by seed; [`steps`]: PM stores as crash points.
 //! - [`heap`] and [`alloc`]: the page heap, NSM, Calloc, a naive bump allocator, and epoch-based
 //!   reclamation.
 //!
@@ -22,6 +24,7 @@ pub mod access;
 pub mod account;
 pub mod alloc;
 pub mod cachemodel;
+pub mod chaos;
 pub mod crash;
 mod error;
 #[cfg(feature = "failpoints")]
@@ -50,6 +53,7 @@ pub mod persist;
 mod pool;
 mod pptr;
 pub mod shadow;
+pub mod steps;
 
 pub use access::{PmBytes, PmType, PmU16, PmU32, PmU64, PmU8};
 pub use account::{AccessStats, LatencyModel};

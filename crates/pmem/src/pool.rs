@@ -237,6 +237,8 @@ fn lock_dir(dir: &Path) -> Result<File> {
 impl Pool {
     /// Creates a store in `dir` (created if missing; must not already hold node files).
     pub fn create(dir: &Path, cfg: PoolConfig) -> Result<Arc<Pool>> {
+        #[cfg(feature = "failpoints")]
+        crate::chaos::init_from_env();
         cfg.validate()?;
         fs::create_dir_all(dir).map_err(|e| PoolError::io(dir, e))?;
         let lock = lock_dir(dir)?;
@@ -276,6 +278,8 @@ impl Pool {
     /// Opens the store in `dir`, validating every node file. A store not closed cleanly opens
     /// with [`Pool::was_clean`] false; engines then run their recovery.
     pub fn open(dir: &Path, cfg: OpenConfig) -> Result<Arc<Pool>> {
+        #[cfg(feature = "failpoints")]
+        crate::chaos::init_from_env();
         if !node_path(dir, 0).exists() {
             if !dir.is_dir() {
                 return Err(PoolError::io(
@@ -379,6 +383,8 @@ impl Pool {
 
     /// An in-memory pool on anonymous memory: the same API and accounting, no durability.
     pub fn volatile(cfg: PoolConfig) -> Result<Arc<Pool>> {
+        #[cfg(feature = "failpoints")]
+        crate::chaos::init_from_env();
         cfg.validate()?;
         let mut uuid = [0u8; 16];
         rand::rngs::OsRng.fill_bytes(&mut uuid);
@@ -617,6 +623,7 @@ impl Pool {
     /// only after the next [`Pool::fence`] of this thread. A no-op in eADR mode.
     #[inline]
     pub fn flush(&self, addr: *const u8, len: usize) {
+        account::persist_step();
         if self.header.mode == PersistMode::Eadr || len == 0 {
             return;
         }
@@ -640,6 +647,7 @@ impl Pool {
     /// A no-op in eADR mode (the persistence domain includes the caches).
     #[inline]
     pub fn fence(&self) {
+        account::persist_step();
         if let Some(s) = &self.shadow {
             if self.header.mode == PersistMode::Adr {
                 account::record_fence();
@@ -707,10 +715,22 @@ impl Pool {
         Ok(())
     }
 
-    /// Cancels a scheduled crash that has not fired.
-    pub fn cancel_crash(&self) {
-        if let Some(s) = &self.shadow {
-            s.cancel_scheduled();
+    /// Fences issued on this pool so far, by every thread (shadow mode only, ADR and eADR; 0 in
+    /// direct mode): the crash points [`Pool::crash_after_fences`] counts, so a test can measure
+    /// a scenario's fences once and then crash at each of them.
+    pub fn fence_count(&self) -> u64 {
+        self.shadow.as_ref().map_or(0, |s| s.fences())
+    }
+
+    /// Cancels a scheduled crash that has not fired. Returns false when the pool crashed or a
+    /// scheduled crash is firing in another thread right now (its fence took the last step of
+    /// the countdown: the image is being frozen) — either way this session is over: drop the
+    /// pool and reopen. Checking [`Pool::has_crashed`] after cancelling is not enough for that
+    /// second case.
+    pub fn cancel_crash(&self) -> bool {
+        match &self.shadow {
+            Some(s) => s.cancel_scheduled(),
+            None => true,
         }
     }
 
