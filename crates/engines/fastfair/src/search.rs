@@ -89,77 +89,106 @@ impl FastFair {
         }
     }
 
-    /// Leaf lookup in one direction (called inside [`FastFair::stable`]).
+    /// Leaf lookup in one direction (called inside [`FastFair::stable`]). Reads the slots with
+    /// unrecorded loads and accounts the slots it read once, before returning.
+    #[inline]
     pub(crate) fn leaf_search(node: Node<'_>, key: u64, desc: bool) -> Option<u64> {
+        let (found, last) = Self::leaf_scan(node, key, desc);
+        node.record_slots_read(last);
+        found
+    }
+
+    /// [`FastFair::leaf_search`]'s scan: the value found, and the highest slot it read.
+    #[inline(always)]
+    fn leaf_scan(node: Node<'_>, key: u64, desc: bool) -> (Option<u64>, usize) {
+        let n = node.entries.len();
         if !desc {
-            for i in 0..node.entries.len() {
-                let k = node.key(i);
+            for i in 0..n {
+                let k = node.key_unrecorded(i);
                 if k == END || (k > key && k != HIDDEN) {
-                    return None;
+                    return (None, i);
                 }
                 if k == key {
                     // Window: the key is read, its value not yet; a shift may move both on.
                     numakv_pmem::pause_point!("fastfair.leaf.key_read");
-                    let v = node.val(i);
-                    if node.key(i) == k {
-                        return Some(v);
+                    let v = node.val_unrecorded(i);
+                    if node.key_unrecorded(i) == k {
+                        return (Some(v), i);
                     }
                     // Being overwritten by a smaller key: its copy is already in slot i + 1.
                 }
             }
-            None
+            (None, n.saturating_sub(1))
         } else {
-            for i in (0..node.used()).rev() {
-                let k = node.key(i);
+            // `used()`, unrecorded: the scan reads slots 0..=used (the END) first.
+            let used = (0..n).find(|&i| node.key_unrecorded(i) == END).unwrap_or(n);
+            let last = used.min(n.saturating_sub(1));
+            for i in (0..used).rev() {
+                let k = node.key_unrecorded(i);
                 if k == HIDDEN || k == END || k > key {
                     continue;
                 }
                 if k < key {
-                    return None;
+                    return (None, last);
                 }
                 numakv_pmem::pause_point!("fastfair.leaf.key_read");
-                let v = node.val(i);
-                if node.key(i) == k {
-                    return Some(v);
+                let v = node.val_unrecorded(i);
+                if node.key_unrecorded(i) == k {
+                    return (Some(v), last);
                 }
                 // Being overwritten by a larger key: its copy is already in slot i - 1.
             }
-            None
+            (None, last)
         }
     }
 
     /// Internal-node routing in one direction: the child of the largest separator `≤ key`.
+    /// Reads the slots unrecorded and accounts them once, as [`FastFair::leaf_search`] does.
+    #[inline]
     pub(crate) fn route(node: Node<'_>, key: u64, desc: bool) -> PPtr {
         // ORDERING: Acquire; the leftmost child is written before the node is published.
-        let mut best = node.hdr.leftmost.load(Ordering::Acquire);
+        let leftmost = node.hdr.leftmost.load(Ordering::Acquire);
+        let (best, last) = Self::route_scan(node, key, desc, leftmost);
+        node.record_slots_read(last);
+        PPtr::from_raw(best)
+    }
+
+    /// [`FastFair::route`]'s scan: the child, and the highest slot it read.
+    #[inline(always)]
+    fn route_scan(node: Node<'_>, key: u64, desc: bool, leftmost: u64) -> (u64, usize) {
+        let n = node.entries.len();
+        let mut best = leftmost;
         if !desc {
-            for i in 0..node.entries.len() {
-                let k = node.key(i);
+            for i in 0..n {
+                let k = node.key_unrecorded(i);
                 if k == END || (k > key && k != HIDDEN) {
-                    break;
+                    return (best, i);
                 }
                 if k == HIDDEN {
                     continue;
                 }
-                let c = node.val(i);
-                if node.key(i) == k {
+                let c = node.val_unrecorded(i);
+                if node.key_unrecorded(i) == k {
                     best = c;
                 }
             }
+            (best, n.saturating_sub(1))
         } else {
-            for i in (0..node.used()).rev() {
-                let k = node.key(i);
+            let used = (0..n).find(|&i| node.key_unrecorded(i) == END).unwrap_or(n);
+            let last = used.min(n.saturating_sub(1));
+            for i in (0..used).rev() {
+                let k = node.key_unrecorded(i);
                 if k == HIDDEN || k == END || k > key {
                     continue;
                 }
-                let c = node.val(i);
-                if node.key(i) == k {
+                let c = node.val_unrecorded(i);
+                if node.key_unrecorded(i) == k {
                     best = c;
                     break;
                 }
             }
+            (best, last)
         }
-        PPtr::from_raw(best)
     }
 
     /// Lock-free descent to the node at `level` whose range holds `key` (at the time it was
