@@ -465,6 +465,7 @@ impl Pool {
         Ok(pool)
     }
 
+    #[inline]
     fn header_word(&self, offset: usize) -> &PmU64 {
         // SAFETY: `offset` is one of the 8-aligned header word offsets of layout.rs, inside
         // node 0's first page, which is mapped for the pool's lifetime.
@@ -567,7 +568,7 @@ impl Pool {
     /// Inlined: hot paths resolve a node per level through [`Pool::bytes`] / [`Pool::get`]
     /// (a FAST&FAIR search four times), and the out-of-line call plus a division by `align`
     /// cost ~70 instructions each (issue 40); the error construction stays out of line.
-    #[inline]
+    #[inline(always)]
     fn check_range(&self, p: PPtr, size: usize, align: usize) -> Result<*mut u8> {
         #[cold]
         #[inline(never)]
@@ -628,9 +629,15 @@ impl Pool {
 
     /// Engine root slot `slot` (0..[`ROOT_SLOTS`]) in node 0's header: the entry points an
     /// engine finds its structures from after a restart. 8-byte atomic, persist after writing.
+    #[inline]
     pub fn root(&self, slot: usize) -> Result<&PmU64> {
+        #[cold]
+        #[inline(never)]
+        fn bad_slot(slot: usize) -> PoolError {
+            PoolError::InvalidArgument(format!("root slot {slot} ≥ {ROOT_SLOTS}"))
+        }
         if slot >= ROOT_SLOTS {
-            return Err(PoolError::InvalidArgument(format!("root slot {slot} ≥ {ROOT_SLOTS}")));
+            return Err(bad_slot(slot));
         }
         Ok(self.header_word(layout::ROOTS_OFF + 8 * slot))
     }

@@ -288,6 +288,12 @@ impl<'a> Node<'a> {
         );
     }
 
+    /// Accounts a read of the header line (for readers that load header words unrecorded).
+    #[inline(always)]
+    pub fn record_header_read(&self) {
+        numakv_pmem::account::record_read(self.hdr as *const NodeHeader as usize, HEADER_SIZE);
+    }
+
     /// Number of slots before the first `END` (hidden and duplicate slots included); all
     /// slots when there is no terminator (only possible in a corrupted node).
     pub fn used(&self) -> usize {
