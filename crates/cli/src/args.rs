@@ -398,6 +398,10 @@ pub struct ReproArgs {
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub value_bytes: u32,
+    /// `fastfair-original`: the original FAST_FAIR's key file (its `-i`), one integer per
+    /// line [default: random keys, 200,000 × scale].
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
     /// No progress bars.
     #[arg(long, short)]
     pub quiet: bool,

@@ -291,6 +291,11 @@ pub(crate) fn register_region(start: usize, len: usize, node: usize) -> RegionGu
     RegionGuard(id)
 }
 
+/// The ranges of every open pool's working memory, as `(start, len)`.
+pub(crate) fn registered_regions() -> Vec<(usize, usize)> {
+    REGIONS.lock().iter().map(|(_, r)| (r.start, r.end - r.start)).collect()
+}
+
 impl Drop for RegionGuard {
     fn drop(&mut self) {
         REGIONS.lock().retain(|(id, _)| *id != self.0);
@@ -678,7 +683,20 @@ impl Drop for SmoScope {
     }
 }
 
+/// The hooks' whole work when a flag is on, out of line: the accessors' inlined fast path is one
+/// relaxed load of [`FLAGS`] and a branch, with nothing else of accounting in the caller's code
+/// (no thread-local access, no spilled registers), so a loop of accessor loads compiles to what
+/// the same loop of plain atomic loads does plus that load and branch (issue 40). `#[cold]`
+/// lays the call out of the hot path; a repeat of the line touched last returns here before the
+/// thread's line set is looked at.
 #[cold]
+#[inline(never)]
+fn hooked_touch(addr: usize, len: usize, kind: u8, flags: u8) {
+    if !same_line_again(addr, len, kind) {
+        slow_touch(addr, len, kind, flags);
+    }
+}
+
 #[inline(never)]
 fn slow_touch(addr: usize, len: usize, kind: u8, flags: u8) {
     if flags & FLAG_STEPS != 0 && kind == TOUCH_WRITE {
@@ -698,16 +716,18 @@ fn slow_touch(addr: usize, len: usize, kind: u8, flags: u8) {
     });
 }
 
-/// Records a read of `[addr, addr + len)`. Called by the accessor types; near free when off
-/// (one relaxed load and a predicted branch), nothing at all without the `accounting` feature.
+/// Records a read of `[addr, addr + len)`. Called by the accessor types, and by hot loops that
+/// read a range with unaccounted loads and record it once (e.g. a node's scanned slots); near
+/// free when off (one relaxed load and a predicted branch), nothing at all without the
+/// `accounting` feature.
 #[inline(always)]
 pub fn record_read(addr: usize, len: usize) {
     if !COMPILED {
         return;
     }
     let flags = FLAGS.load(Ordering::Relaxed);
-    if flags != 0 && !same_line_again(addr, len, TOUCH_READ) {
-        slow_touch(addr, len, TOUCH_READ, flags);
+    if flags != 0 {
+        hooked_touch(addr, len, TOUCH_READ, flags);
     }
 }
 
@@ -719,8 +739,8 @@ pub fn record_write(addr: usize, len: usize) {
         return;
     }
     let flags = FLAGS.load(Ordering::Relaxed);
-    if flags != 0 && !same_line_again(addr, len, TOUCH_WRITE) {
-        slow_touch(addr, len, TOUCH_WRITE, flags);
+    if flags != 0 {
+        hooked_touch(addr, len, TOUCH_WRITE, flags);
     }
 }
 

@@ -65,3 +65,14 @@ pub use persist::{PersistMode, LINE};
 pub use pool::{node_path, OpenConfig, Pool, PoolConfig, SimMode, DEFAULT_PAGE_SIZE, LOCK_FILE};
 pub use pptr::PPtr;
 pub use shadow::{CrashOptions, CrashReport};
+
+/// Over every pool open in this process: bytes of working memory backed by transparent huge
+/// pages now, and resident bytes (`/proc/self/smaps`); `None` where that cannot be read. Pools
+/// ask for huge pages (`MADV_HUGEPAGE`) when mapped; this says what the kernel granted, for the
+/// benchmark's report.
+pub fn huge_pages_in_pools() -> Option<(u64, u64)> {
+    account::registered_regions().into_iter().try_fold((0, 0), |(h, r), (start, len)| {
+        let (rh, rr) = map::huge_page_bytes(start, len)?;
+        Some((h + rh, r + rr))
+    })
+}

@@ -429,6 +429,9 @@ impl Pool {
                     t.bind_memory(work.ptr(), work.len(), node)?;
                 }
             }
+            // Before the first touch, so that the pages faulted in can be huge ones; advice only
+            // (refused or ignored where the kernel's THP settings say so: `huge_page_bytes`).
+            let _ = work.advise_huge_pages();
             let accounting = account::register_region(work.ptr() as usize, work.len(), node);
             bases.push(work.ptr());
             let heap = NodeHeap::placeholder();
@@ -468,6 +471,7 @@ impl Pool {
         Ok(pool)
     }
 
+    #[inline]
     fn header_word(&self, offset: usize) -> &PmU64 {
         // SAFETY: `offset` is one of the 8-aligned header word offsets of layout.rs, inside
         // node 0's first page, which is mapped for the pool's lifetime.
@@ -536,6 +540,16 @@ impl Pool {
     // Pointers
     // -----------------------------------------------------------------------------------------
 
+    /// Bytes of this pool's working memory that the kernel backs with transparent huge pages
+    /// now, and its resident bytes (`/proc/self/smaps`); `None` where that cannot be read.
+    pub fn huge_page_bytes(&self) -> Option<(u64, u64)> {
+        self.regions.iter().try_fold((0, 0), |(h, r), region| {
+            let (rh, rr) =
+                crate::map::huge_page_bytes(region.work.ptr() as usize, region.work.len())?;
+            Some((h + rh, r + rr))
+        })
+    }
+
     /// Address of `p` in this process, without any check (null and foreign pointers give
     /// meaningless addresses; dereferencing them is the caller's problem).
     #[inline]
@@ -557,8 +571,17 @@ impl Pool {
         })
     }
 
+    /// Inlined: hot paths resolve a node per level through [`Pool::bytes`] / [`Pool::get`]
+    /// (a FAST&FAIR search four times), and the out-of-line call plus a division by `align`
+    /// cost ~70 instructions each (issue 40); the error construction stays out of line.
+    #[inline(always)]
     fn check_range(&self, p: PPtr, size: usize, align: usize) -> Result<*mut u8> {
-        let bad = |why| PoolError::BadPointer { ptr: p.to_string(), why };
+        #[cold]
+        #[inline(never)]
+        fn bad_pointer(p: PPtr, why: &'static str) -> PoolError {
+            PoolError::BadPointer { ptr: p.to_string(), why }
+        }
+        let bad = |why| bad_pointer(p, why);
         if p.is_null() {
             return Err(bad("null"));
         }
@@ -571,7 +594,9 @@ impl Pool {
         if end > region.work.len() as u64 {
             return Err(bad("past the end of the node file"));
         }
-        if off as usize % align != 0 {
+        // Alignments of Rust types are powers of two: a mask, not a division.
+        debug_assert!(align.is_power_of_two());
+        if off as usize & (align - 1) != 0 {
             return Err(bad("misaligned for the requested type"));
         }
         Ok(self.resolve(p))
@@ -580,6 +605,7 @@ impl Pool {
     /// The PM object of type `T` at `p`, checked: non-null, inside the node's heap area, aligned.
     /// Use this on pointers read from PM during recovery, where a corrupted word must become an
     /// error rather than a wild access.
+    #[inline]
     pub fn get<T: PmType>(&self, p: PPtr) -> Result<&T> {
         let ptr = self.check_range(p, std::mem::size_of::<T>(), std::mem::align_of::<T>())?;
         // SAFETY: in bounds of a mapping that lives as long as `self`, aligned, and `T: PmType`
@@ -599,6 +625,7 @@ impl Pool {
     }
 
     /// `len` bytes at `p` as a byte view, checked like [`Pool::get`].
+    #[inline]
     pub fn bytes(&self, p: PPtr, len: usize) -> Result<&PmBytes> {
         let ptr = self.check_range(p, len, 1)?;
         // SAFETY: in bounds of a mapping living as long as `self`; PmBytes' own methods carry
@@ -608,9 +635,15 @@ impl Pool {
 
     /// Engine root slot `slot` (0..[`ROOT_SLOTS`]) in node 0's header: the entry points an
     /// engine finds its structures from after a restart. 8-byte atomic, persist after writing.
+    #[inline]
     pub fn root(&self, slot: usize) -> Result<&PmU64> {
+        #[cold]
+        #[inline(never)]
+        fn bad_slot(slot: usize) -> PoolError {
+            PoolError::InvalidArgument(format!("root slot {slot} ≥ {ROOT_SLOTS}"))
+        }
         if slot >= ROOT_SLOTS {
-            return Err(PoolError::InvalidArgument(format!("root slot {slot} ≥ {ROOT_SLOTS}")));
+            return Err(bad_slot(slot));
         }
         Ok(self.header_word(layout::ROOTS_OFF + 8 * slot))
     }
