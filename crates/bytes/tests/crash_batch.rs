@@ -79,16 +79,17 @@ fn the_batch(before: &Model) -> (WriteBatch, Model) {
     put(&mut w, b"a".to_vec(), b"a1".to_vec());
     put(&mut w, b"c".to_vec(), vec![b'c'; 2000]);
     put(&mut w, user(5), b"five".to_vec());
-    for i in 50..70 {
+    for i in 50..60 {
         put(&mut w, user(i), format!("new{i}").into_bytes());
     }
     w.delete(b"b");
     w.delete(b"absent");
-    for i in 10..30 {
+    // 16 adjacent keys: a whole leaf of the default limits empties.
+    for i in 16..32 {
         w.delete(&user(i));
     }
     after.remove(&b"b"[..]);
-    for i in 10..30 {
+    for i in 16..32 {
         after.remove(&user(i));
     }
     (w, after)
@@ -105,7 +106,7 @@ fn crash_at_every_fence(mode: PersistMode) {
     loop {
         assert!(fence < 5_000, "the batch never finished without a crash");
         let dir = tempfile::tempdir().expect("tempdir");
-        let b = shadow_create(dir.path(), mode, 16 << 20);
+        let b = shadow_create(dir.path(), mode, 4 << 20);
         let before = populate(&b);
         let (batch, after) = the_batch(&before);
         b.pool().crash_after_fences(fence, CrashOptions::random(fence)).expect("schedule");
@@ -148,7 +149,10 @@ fn crash_at_every_fence(mode: PersistMode) {
                 .collect();
             panic!("{mode:?}: a crash at fence {fence} left a mix; differs from before: {mixed:?}");
         }
-        b.check().expect("check after recovery");
+        if fence % 4 == 1 {
+            // The structural check (with its leak count) costs more than the rest of a round.
+            b.check().expect("check after recovery");
+        }
         // The store keeps working, and a later write is not overwritten by anything.
         b.put(b"a", b"later").expect("put after recovery");
         b.close().expect("close");
