@@ -333,3 +333,93 @@ fn migration_goes_to_the_largest_accessor_and_the_copy_keeps_its_statistics() {
     assert_eq!(st.counter("migrations_queued_again"), Some(1), "{:?}", st.counters);
     t.check().unwrap();
 }
+
+/// Issue 36 (the paper: migration "does not block any reader"): a merge locks the node `N`
+/// and its right sibling `R`, then their parent `P`. With `P` frozen by a parked migration
+/// (of one of `P`'s other children) it waited in `WriteGuard::lock(P)` holding `N` and `R`,
+/// and every reader of `N`'s or `R`'s keys spun in `ReadSnapshot::begin` until the migration
+/// ended. Now a merge gives up on a frozen parent as it does on a frozen sibling.
+///
+/// Height 3, keys 1..=3000, coordinator off. The leaf `O` of 1500 and its previous sibling
+/// `L` are first moved to node 1 (so their keys can be told apart: writers rightly wait for
+/// those two while they are frozen), then `O` is migrated back and parked at
+/// `nobtree.migrate.frozen` (`O`, `L` and `P` frozen). A deleter removes 1600 down to 1400
+/// (keeping `k % 5 == 0`, skipping `O`'s and `L`'s keys): its deletes leave leaves sparse and
+/// merge them, some with `P` as parent. Readers of the kept keys must finish every pass.
+#[test]
+fn readers_do_not_wait_for_a_merge_blocked_on_a_frozen_parent() {
+    let sc = Scenario::setup();
+    let opts = NobtreeOptions { height: 3, nsm_mode: NsmMode::Node(0), ..quiet() };
+    let t = Arc::new(volatile(&opts));
+    for k in 1..=3000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    assert!(t.migrate_leaf_of(1500, 1).unwrap());
+    let o_low =
+        (1..=1500u64).rev().take_while(|&k| t.leaf_node_of(k).unwrap() == 1).last().unwrap();
+    assert!(t.migrate_leaf_of(o_low - 1, 1).unwrap());
+    let frozen_keys: Vec<u64> =
+        (1300..=1700u64).filter(|&k| t.leaf_node_of(k).unwrap() == 1).collect();
+    assert!(frozen_keys.contains(&1500) && frozen_keys.contains(&(o_low - 1)));
+    let merges_before = t.stats().counter("merges").unwrap();
+    let parked = sc.pause_thread("nobtree.migrate.frozen", "mig");
+    let m = {
+        let t = Arc::clone(&t);
+        thread::Builder::new().name("mig".into()).spawn(move || t.migrate_leaf_of(1500, 0)).unwrap()
+    };
+    parked.wait_parked();
+    let (tx, rx) = mpsc::channel();
+    let doomed: Vec<u64> =
+        (1400..=1600u64).rev().filter(|k| k % 5 != 0 && !frozen_keys.contains(k)).collect();
+    let d = {
+        let t = Arc::clone(&t);
+        let doomed = doomed.clone();
+        thread::Builder::new()
+            .name("deleter".into())
+            .spawn(move || {
+                for k in doomed {
+                    assert!(t.remove(k).unwrap(), "remove {k}");
+                }
+                let _ = tx.send(());
+            })
+            .unwrap()
+    };
+    // Reader passes over the kept keys while the deleter runs (and, before the fix, after it
+    // blocked holding two leaves): each pass must finish.
+    let kept: Vec<u64> = (1380..=1620u64).filter(|k| !doomed.contains(k)).collect();
+    let mut passes = 0;
+    let mut longest = Duration::ZERO;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = rx.try_recv().is_ok();
+        let t2 = Arc::clone(&t);
+        let kept2 = kept.clone();
+        let t0 = std::time::Instant::now();
+        let got = finishes("reader", 10, move || {
+            kept2.iter().map(|&k| t2.get(k).unwrap()).collect::<Vec<_>>()
+        });
+        longest = longest.max(t0.elapsed());
+        passes += 1;
+        for (k, v) in kept.iter().zip(got) {
+            assert_eq!(v, Some(vk(*k)), "kept key {k}");
+        }
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleter did not finish while the migration was parked ({passes} reader passes)"
+        );
+    }
+    eprintln!("{passes} reader passes while the migration was parked, longest {longest:?}");
+    let merged = t.stats().counter("merges").unwrap() - merges_before;
+    assert!(merged > 0, "no merge during the parked migration: the test lost its teeth");
+    parked.release();
+    assert!(m.join().unwrap().unwrap(), "the migration committed");
+    d.join().unwrap();
+    assert_eq!(t.leaf_node_of(1500).unwrap(), 0);
+    let out = check_values_name_keys(&t);
+    let want: Vec<(u64, u64)> =
+        (1..=3000u64).filter(|k| !doomed.contains(k)).map(|k| (k, vk(k))).collect();
+    assert_eq!(out, want);
+}
