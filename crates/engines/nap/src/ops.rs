@@ -223,11 +223,13 @@ impl<I: Inner> Shared<I> {
         if max == 0 || start == u64::MAX {
             return Ok(0);
         }
-        let (_op, snap) = self.grace.begin()?;
         let base = out.len();
         let mut pos = start.max(1);
         let mut chunk = Vec::new();
         loop {
+            // One operation per chunk (grace.rs): a switch's grace period 2 waits for this
+            // chunk, not for the whole scan; grace period 1 does not wait for scans at all.
+            let (_op, snap) = self.grace.begin_scan()?;
             let want = (max - (out.len() - base)).max(16);
             chunk.clear();
             let n = self.raw.scan(pos, want, &mut chunk)?;

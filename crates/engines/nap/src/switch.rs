@@ -173,7 +173,9 @@ impl<I: Inner> Shared<I> {
         // Phase 2 begins with the first grace period: afterwards every operation sees NAL_new,
         // so NAL_old and (for NAL_new's keys) the raw index are no longer written.
         self.enter(phase::FLUSH);
-        self.grace.wait_grace_period();
+        // Scans are not waited for: they write nothing (grace.rs); grace period 2 below waits
+        // for them before `old` is freed.
+        self.grace.wait_for_writers();
         // SAFETY: `new` is installed; only this thread frees it, in a later switch.
         if let Some(nal) = unsafe { new.as_ref() } {
             // ORDERING: Release pairs with the Acquire in route_write (and, through
