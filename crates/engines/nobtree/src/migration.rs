@@ -907,12 +907,21 @@ impl Tree {
         // started before this point.
         copy.hdr.meta.store(meta_word(level, 0), Ordering::Release);
         unlinked.commit();
+        numakv_pmem::pause_point!("nobtree.migrate.copy_open");
         log.state.store(0, Ordering::Release);
         // PERSIST: disarmed after both references are durable (and before `P` and `L` thaw:
         // the log never names a node that may have been merged away and reused).
         self.pool.persist_obj(&log.state);
         drop(parent);
         drop(frozen_l);
+        let kind = if is_root {
+            &self.counters.migrated_roots
+        } else if level == 0 {
+            &self.counters.migrated_leaves
+        } else {
+            &self.counters.migrated_inner
+        };
+        kind.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.migrator {
             m.held(held_since.elapsed().as_nanos() as u64, is_root);
             m.carry_migrated(id, new_id);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use common::{check_values_name_keys, quiet, vk, volatile};
+use common::{check_values_name_keys, quiet, vk, volatile, Op};
 use numakv_index::{Engine, Index};
 use numakv_nobtree::NobtreeOptions;
 use numakv_pmem::alloc::nsm::NsmMode;
@@ -422,4 +422,102 @@ fn readers_do_not_wait_for_a_merge_blocked_on_a_frozen_parent() {
     let want: Vec<(u64, u64)> =
         (1..=3000u64).filter(|k| !doomed.contains(k)).map(|k| (k, vk(k))).collect();
     assert_eq!(out, want);
+}
+
+/// Issue 36: the window between a migration's unfreezing of its copy and the disarming of its
+/// log (`nobtree.migrate.copy_open`): both references already name the copy `O'`, writers enter
+/// it, and the log is still armed, so a crash here makes recovery redo a migration whose copy
+/// has taken writes since. The redo must only re-point references that still name `O`
+/// (none): every acknowledged write into `O'` survives. Updates and inserts into the copy are
+/// acknowledged; a writer that then splits the copy waits in the split's parent insert for the
+/// frozen parent (its new node is linked only by the copy's sibling pointer — an orphan
+/// recovery links) and is the pending operation. Heights 2 and 3, ADR shadow, strict crash.
+#[test]
+fn crash_after_writes_into_the_copy_while_the_log_is_armed() {
+    use numakv_pmem::{CrashOptions, PersistMode, SimMode};
+    use std::collections::BTreeMap;
+    let sc = Scenario::setup();
+    for height in [2u32, 3] {
+        let opts = NobtreeOptions { height, nsm_mode: NsmMode::Node(0), ..quiet() };
+        let d = tempfile::tempdir().unwrap();
+        let t = Arc::new(common::create(d.path(), PersistMode::Adr, SimMode::Shadow, &opts));
+        let mut model = BTreeMap::new();
+        for k in 1..=1500u64 {
+            t.insert(k * 5, vk(k * 5)).unwrap();
+            model.insert(k * 5, vk(k * 5));
+        }
+        let pool = Arc::clone(t.pool());
+        let parked = sc.pause_thread("nobtree.migrate.copy_open", "mig");
+        let m = {
+            let t = Arc::clone(&t);
+            thread::Builder::new()
+                .name("mig".into())
+                .spawn(move || t.migrate_leaf_of(5000, 1))
+                .unwrap()
+        };
+        parked.wait_parked();
+        // The copy's keys: the only leaf on node 1.
+        let copy: Vec<u64> =
+            (4900..=5100u64).step_by(5).filter(|&k| t.leaf_node_of(k).unwrap() == 1).collect();
+        assert!(copy.contains(&5000), "{copy:?}");
+        for &k in &copy {
+            t.upsert(k, vk(k) + 1).unwrap();
+            model.insert(k, vk(k) + 1);
+        }
+        let lo = copy[0];
+        // Two inserts fit (a leaf of a sequential load is about half full).
+        for k in [lo + 1, lo + 2] {
+            assert!(t.insert(k, vk(k)).unwrap());
+            model.insert(k, vk(k));
+        }
+        assert_eq!(t.leaf_node_of(lo + 1).unwrap(), 1, "the inserts went into the copy");
+        // More inserts into the copy: one of them splits it and waits for the frozen parent.
+        // (key, done): sent before and after each insert.
+        let (tx, rx) = mpsc::channel::<(u64, bool)>();
+        let w = {
+            let t = Arc::clone(&t);
+            let keys: Vec<u64> = [lo + 3, lo + 4]
+                .into_iter()
+                .chain(copy.iter().skip(1).flat_map(|&c| [c + 1, c + 2]))
+                .collect();
+            thread::spawn(move || {
+                for k in keys {
+                    let _ = tx.send((k, false));
+                    let r = t.insert(k, vk(k));
+                    if !matches!(r, Ok(true)) {
+                        return; // the pool crashed under it: never acknowledged
+                    }
+                    let _ = tx.send((k, true));
+                }
+            })
+        };
+        // Acknowledged inserts go into the model until the writer stops making progress (it
+        // waits for the frozen parent; or it finished, had nothing split).
+        let mut pending = None;
+        while let Ok((k, done)) = rx.recv_timeout(Duration::from_millis(500)) {
+            if done {
+                model.insert(k, vk(k));
+                pending = None;
+            } else {
+                pending = Some(Op::Insert(k, vk(k)));
+            }
+        }
+        pool.crash(CrashOptions::STRICT).unwrap();
+        parked.release();
+        let _ = m.join().unwrap();
+        w.join().unwrap();
+        drop(t);
+        drop(pool);
+        let (t, rep) = common::reopen(d.path(), SimMode::Shadow, &opts);
+        assert!(!rep.was_clean);
+        common::verify(&t, &model, pending, true);
+        let counter = |n: &str| rep.counters.iter().find(|c| c.0 == n).map_or(0, |c| c.1);
+        eprintln!(
+            "height {height}: pending {pending:?}, recovery {:?}",
+            rep.counters.iter().filter(|c| c.1 > 0).collect::<Vec<_>>()
+        );
+        assert_eq!(counter("migration_redone"), 1, "{rep:?}");
+        assert_eq!(counter("orphans_linked"), 1, "the copy's split was not left to recovery");
+        common::keep_working(&t, 77, 300, 8000, 6);
+    }
 }
