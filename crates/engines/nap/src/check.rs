@@ -73,19 +73,27 @@ impl<I: Inner> Shared<I> {
                 }
             }
         }
-        // Entries: the raw index's, corrected for the keys whose latest state a NAL holds.
+        // Entries: the raw index's, corrected for the keys whose latest state a NAL holds —
+        // as a lookup finds it: `cur`'s entry if resolved, else `pre`'s if it holds the key
+        // resolved, else the raw index. (An unresolved `cur` entry used to be skipped while
+        // `pre` was installed, counting the raw index's state where `pre` held a newer one:
+        // a stalled switch showed `entries = 1` for a key `pre` had removed; issue 36.)
         for nal in [cur, pre].into_iter().flatten() {
-            for (i, &k) in nal.keys.iter().enumerate() {
+            for &k in nal.keys.iter() {
                 if !seen_keys.insert(k) {
-                    continue; // `cur` (first) decides
-                }
-                let st = *nal.entries[i].state.read();
-                if !st.resolved && pre.is_some() {
                     continue;
                 }
+                let resolved = |n: Option<&Nal>| {
+                    let i = n?.find(k)?;
+                    let st = *n?.entries[i].state.read();
+                    st.resolved.then_some(st.value)
+                };
                 let in_raw = self.raw.get(k)?.is_some();
-                let in_nal = if st.resolved { st.value.is_some() } else { in_raw };
-                entries += i64::from(in_nal) - i64::from(in_raw);
+                let present = match resolved(cur).or_else(|| resolved(pre)) {
+                    Some(v) => v.is_some(),
+                    None => in_raw,
+                };
+                entries += i64::from(present) - i64::from(in_raw);
             }
         }
         let mut allocated = 0u64;
@@ -151,6 +159,7 @@ impl<I: Inner> Shared<I> {
         s.dram_bytes += rb + sk + hp + gv;
         s.counters.extend([
             ("nap_switches", get(&c.switches)),
+            ("nap_switches_with_pre", get(&c.switches_with_pre)),
             ("nap_switch_errors", get(&c.switch_errors)),
             ("nap_nal_keys", keys),
             ("nap_nal_hits", c.nal_hits.iter().map(|h| get(h)).sum()),

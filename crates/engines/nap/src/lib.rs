@@ -136,6 +136,10 @@ pub struct NapOptions<O> {
     pub detect_uniform: bool,
     /// Keys estimated below this count in a period are not hot (noise filter; 2).
     pub min_count: u32,
+    /// Samples digested since the last decision below which the switch thread keeps the
+    /// current NAL (too few to tell a hot set; 64). Tests that must see switches on short
+    /// runs lower it.
+    pub min_samples: u64,
     /// Run the switch thread (hot-set identification); without it switches happen only
     /// through [`Nap::switch_to`].
     pub background: bool,
@@ -185,6 +189,7 @@ impl<O: Default> Default for NapOptions<O> {
             stale: Duration::from_millis(100),
             detect_uniform: true,
             min_count: 2,
+            min_samples: 64,
             background: true,
             switch_mode: SwitchMode::ThreePhase,
             phase_hook: PhaseHook::default(),
@@ -217,6 +222,9 @@ impl<O> NapOptions<O> {
 #[derive(Debug)]
 pub(crate) struct Counters {
     pub switches: AtomicU64,
+    /// Completed switches that replaced a NAL (so ran with a previous NAL installed: lazy
+    /// resolution from it, writes waiting on it, scans merging it, grace period 2).
+    pub switches_with_pre: AtomicU64,
     pub switch_errors: AtomicU64,
     /// Per dense thread id (own cache line each): a shared counter bumped by every NAL hit
     /// would bounce one line between all cores on exactly the skewed workloads Nap serves.
@@ -234,6 +242,7 @@ impl Default for Counters {
     fn default() -> Counters {
         Counters {
             switches: AtomicU64::new(0),
+            switches_with_pre: AtomicU64::new(0),
             switch_errors: AtomicU64::new(0),
             nal_hits: (0..numakv_pmem::numa::MAX_THREADS)
                 .map(|_| crossbeam_utils::CachePadded::new(AtomicU64::new(0)))
@@ -335,7 +344,7 @@ impl<I: Inner> Nap<I> {
                     threshold: opts.switch_threshold,
                     detect_uniform: opts.detect_uniform,
                     min_count: opts.min_count,
-                    min_samples: 64,
+                    min_samples: opts.min_samples,
                 },
             };
             std::thread::Builder::new()
