@@ -533,3 +533,34 @@ fn check_counts_entries_right_while_a_switch_is_stalled() {
     e.switch_to(&[5, 7]).expect("the stalled switch finishes");
     assert_eq!(e.check().expect("check").entries, 1);
 }
+
+/// Issue 36: phase 3's free of the previous NAL's PC-views fails (fail point
+/// `nap.switch.free`, as if the page heap refused it). The switch itself had completed — the
+/// previous NAL flushed and unpublished — but it was reported as an error, and `check()`
+/// failed for good ("nal pointers": GC still named the NAL). Now the switch succeeds, the
+/// views wait for a retry (the next switch), `check()` accepts the pending GC and counts its
+/// extents as live, and the retry frees them.
+#[test]
+fn a_failed_free_of_the_previous_nal_is_retried_not_reported() {
+    let sc = Scenario::setup();
+    let e = N::create(pool(), &common::manual_options()).expect("create");
+    e.upsert(5, 1).expect("load");
+    e.switch_to(&[5]).expect("switch");
+    e.upsert(5, 50).expect("NAL write");
+    let fail = sc.fail("nap.switch.free", Some(1));
+    let r = e.switch_to(&[7]);
+    fail.disarm();
+    let r = r.expect("the switch completed; only the free failed");
+    assert_eq!(r.flushed, 1);
+    assert_eq!(e.get(5).expect("get"), Some(50));
+    let c = e.check().expect("check with the free pending");
+    assert_eq!(c.entries, 1);
+    assert_eq!(c.reachable_blocks, c.allocated_blocks, "{c:?}");
+    let counter = |n: &str| e.stats().counters.iter().find(|c| c.0 == n).map(|c| c.1);
+    assert_eq!(counter("nap_recycle_failures"), Some(1));
+    e.switch_to(&[]).expect("the next switch retries the free");
+    let c = e.check().expect("check after the retry");
+    assert_eq!(c.reachable_blocks, c.allocated_blocks, "{c:?}");
+    assert_eq!(counter("nap_recycle_pending"), Some(0));
+    assert_eq!(e.get(5).expect("get"), Some(50));
+}

@@ -177,3 +177,61 @@ fn stats_do_not_wait_for_a_running_switch() {
     assert_eq!(keys(&e), 200, "after the switch: the new NAL only");
     e.check().unwrap();
 }
+
+/// Issue 36: a panic that unwinds through a switch (here the phase hook, standing for a
+/// raw-engine panic in the flush) left the global lock's `blocked` flag set: every operation
+/// after it waited for good. Now the flag is cleared on the way out, and a previous NAL left
+/// installed counts as a stalled switch (its blocked writers get an error, the switch thread
+/// or the next switch finishes it).
+#[test]
+fn a_panic_in_a_switch_does_not_leave_operations_blocked() {
+    for mode in [SwitchMode::GlobalLock, SwitchMode::ThreePhase] {
+        let armed = Arc::new(AtomicU64::new(0));
+        let hook = {
+            let armed = Arc::clone(&armed);
+            PhaseHook(Some(Arc::new(move |p| {
+                // The second FLUSH entry of the armed switch: right before the flush.
+                if p == phase::FLUSH && armed.load(Ordering::SeqCst) > 0 {
+                    assert!(armed.fetch_add(1, Ordering::SeqCst) != 2, "injected switch panic");
+                }
+            })))
+        };
+        let opts = NapOptions { switch_mode: mode, phase_hook: hook, ..common::manual_options() };
+        let e = loaded(&opts);
+        e.upsert(5, 50).unwrap();
+        armed.store(1, Ordering::SeqCst);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            e.switch_to(&(101..=200).collect::<Vec<_>>())
+        }));
+        assert!(r.is_err(), "{mode:?}: the hook did not panic");
+        armed.store(0, Ordering::SeqCst);
+        // Operations go on: a lookup, a write outside both NALs; a write of a key only in the
+        // previous NAL (1..=100) fails with the stall's error rather than waiting forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let e = &e;
+            s.spawn(move || {
+                let got = e.get(5).unwrap();
+                e.upsert(500, 1).unwrap();
+                let pre_only = e.upsert(6, 60);
+                let _ = tx.send((got, pre_only.is_err()));
+            });
+            let r = rx.recv_timeout(Duration::from_secs(10));
+            if r.is_err() {
+                // Free the stuck thread before failing, so the scope ends.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    e.switch_to(&[]).ok()
+                }));
+            }
+            let (got, pre_only_failed) = r
+                .unwrap_or_else(|_| panic!("{mode:?}: operations blocked after a switch panicked"));
+            assert_eq!(got, Some(50), "{mode:?}");
+            assert!(pre_only_failed, "{mode:?}: a write of a pre-only key did not fail");
+        });
+        // The next switch finishes the interrupted one.
+        e.switch_to(&[]).unwrap();
+        assert_eq!(e.get(5).unwrap(), Some(50));
+        e.upsert(6, 60).unwrap();
+        e.check().unwrap();
+    }
+}
