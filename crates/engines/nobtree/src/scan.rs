@@ -27,12 +27,14 @@ impl Tree {
         let mut got = 0usize;
         let mut cur = self.descend(cursor, 0, &mut path, guard)?.0;
         let mut buf = Vec::with_capacity(crate::layout::RECORDS);
+        let mut first = true;
         loop {
             let n = self.node(cur)?;
             let snap = ReadSnapshot::begin(&n);
             match self.must_leave(&n, snap.state, cursor)? {
                 Some(Step::Restart) => {
                     cur = self.descend(cursor, 0, &mut path, guard)?.0;
+                    first = true;
                     continue;
                 }
                 Some(Step::Right(s)) => {
@@ -48,6 +50,11 @@ impl Tree {
                 self.retry();
                 continue;
             }
+            // Every leaf a scan reads is an access for the migration statistics (the paper
+            // monitors all leaf accesses). The descent's inner nodes count with the first
+            // leaf only: later leaves may hang off other parents.
+            self.sample(&n, if first { &path[..] } else { &[] });
+            first = false;
             for &kv in &buf {
                 out.push(kv);
                 got += 1;

@@ -301,7 +301,6 @@ impl Tree {
     /// Returns whether a new layer was published; out of space leaves the old one (and stops
     /// the log).
     pub(crate) fn rebuild_snapshot(&self, force: bool) -> Result<bool> {
-        let guard = numakv_pmem::alloc::epoch::pin();
         let temp = {
             let mut w = self.upper_lock.lock();
             if w.temp.is_empty() && !force {
@@ -311,15 +310,20 @@ impl Tree {
             w.since_snapshot = Some(Vec::new());
             w.temp.clone()
         };
-        // SAFETY: loaded under `guard`; only a rebuild replaces it, and the caller's
-        // `rebuild_lock` makes this the one.
-        let old = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
-        let mut map: BTreeMap<u64, PPtr> =
-            old.map(|o| o.snapshot(&self.pool)).unwrap_or_default().into_iter().collect();
+        // Pinned only to read the snapshot, not through the build (which allocates on every
+        // node): a pin held that long holds back every retired block of the tree (issue 36).
+        let mut map: BTreeMap<u64, PPtr> = {
+            let guard = numakv_pmem::alloc::epoch::pin();
+            // SAFETY: loaded under `guard`; only a rebuild replaces it, and the caller's
+            // `rebuild_lock` makes this the one.
+            let old = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
+            old.map(|o| o.snapshot(&self.pool)).unwrap_or_default().into_iter().collect()
+        };
         map.extend(temp);
         let entries: Vec<(u64, PPtr)> = map.into_iter().collect();
         numakv_pmem::pause_point!("nobtree.rebuild.snapshot");
         let built = Upper::build(&self.nsm, &self.pool, &entries);
+        let guard = numakv_pmem::alloc::epoch::pin();
         let mut w = self.upper_lock.lock();
         let log = w.since_snapshot.take().unwrap_or_default();
         let new = built?;
