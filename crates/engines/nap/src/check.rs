@@ -42,8 +42,11 @@ impl<I: Inner> Shared<I> {
         let slot =
             |s| -> Result<PPtr> { Ok(PPtr::from_raw(self.pool.root(s)?.load(Ordering::Acquire))) };
         let root = |n: Option<&Nal>| n.map_or(PPtr::NULL, Nal::root);
-        if slot(SLOT_CUR)? != root(cur) || slot(SLOT_PRE)? != root(pre) || !slot(SLOT_GC)?.is_null()
-        {
+        let recycling = self.recycling.lock();
+        // GC is 0, or names a NAL whose recycling failed and waits for a retry.
+        let gc = slot(SLOT_GC)?;
+        let gc_ok = gc.is_null() || recycling.iter().any(|(n, _)| n.root() == gc);
+        if slot(SLOT_CUR)? != root(cur) || slot(SLOT_PRE)? != root(pre) || !gc_ok {
             return Err(bad("nal pointers: root slots differ from the installed NALs"));
         }
         if self.pool.root(SLOT_UNDO_STATE)?.load(Ordering::Acquire) != 0 {
@@ -51,6 +54,10 @@ impl<I: Inner> Shared<I> {
         }
         let mut entries = raw.entries as i64;
         let mut reachable: HashSet<PPtr> = HashSet::new();
+        for (nal, freed) in recycling.iter() {
+            reachable.extend(nal.views_left(*freed).iter().copied());
+        }
+        drop(recycling);
         let mut seen_keys: HashSet<u64> = HashSet::new();
         for nal in [cur, pre].into_iter().flatten() {
             reachable.extend(nal.views.iter().copied());
@@ -73,19 +80,27 @@ impl<I: Inner> Shared<I> {
                 }
             }
         }
-        // Entries: the raw index's, corrected for the keys whose latest state a NAL holds.
+        // Entries: the raw index's, corrected for the keys whose latest state a NAL holds —
+        // as a lookup finds it: `cur`'s entry if resolved, else `pre`'s if it holds the key
+        // resolved, else the raw index. (An unresolved `cur` entry used to be skipped while
+        // `pre` was installed, counting the raw index's state where `pre` held a newer one:
+        // a stalled switch showed `entries = 1` for a key `pre` had removed; issue 36.)
         for nal in [cur, pre].into_iter().flatten() {
-            for (i, &k) in nal.keys.iter().enumerate() {
+            for &k in nal.keys.iter() {
                 if !seen_keys.insert(k) {
-                    continue; // `cur` (first) decides
-                }
-                let st = *nal.entries[i].state.read();
-                if !st.resolved && pre.is_some() {
                     continue;
                 }
+                let resolved = |n: Option<&Nal>| {
+                    let i = n?.find(k)?;
+                    let st = *n?.entries[i].state.read();
+                    st.resolved.then_some(st.value)
+                };
                 let in_raw = self.raw.get(k)?.is_some();
-                let in_nal = if st.resolved { st.value.is_some() } else { in_raw };
-                entries += i64::from(in_nal) - i64::from(in_raw);
+                let present = match resolved(cur).or_else(|| resolved(pre)) {
+                    Some(v) => v.is_some(),
+                    None => in_raw,
+                };
+                entries += i64::from(present) - i64::from(in_raw);
             }
         }
         let mut allocated = 0u64;
@@ -153,6 +168,8 @@ impl<I: Inner> Shared<I> {
             ("nap_switches", get(&c.switches)),
             ("nap_switches_with_previous", get(&c.switches_with_previous)),
             ("nap_switch_errors", get(&c.switch_errors)),
+            ("nap_recycle_failures", get(&c.recycle_failures)),
+            ("nap_recycle_pending", self.recycling.lock().len() as u64),
             ("nap_nal_keys", keys),
             ("nap_nal_hits", c.nal_hits.iter().map(|h| get(h)).sum()),
             ("nap_blocked_writes", get(&c.blocked_writes)),

@@ -5,13 +5,21 @@
 //!
 //! ```text
 //! bit 0      running: the thread is inside an index operation
-//! bits 1..64 cnt: operations the thread has started (wraps)
+//! bit 1      scan: that operation (one chunk of a scan) writes nothing
+//! bits 2..64 cnt: operations the thread has started (wraps)
 //! ```
 //!
-//! An operation stores `(cnt + 1) << 1 | 1`, then a SeqCst fence, then reads the pointers under
-//! the seqlock; it ends by storing `cnt << 1`. The switch publishes new pointers, issues a SeqCst
-//! fence, then waits for each slot that shows `running` until its word changes (the operation
-//! ended or another began). Dekker argument: for an operation whose `running` store the switch
+//! An operation stores `(cnt + 1) << 2 | scan << 1 | 1`, then a SeqCst fence, then reads the
+//! pointers under the seqlock; it ends by clearing `running`. The switch publishes new pointers,
+//! issues a SeqCst fence, then waits for each slot that shows `running` until its word changes
+//! (the operation ended or another began). Grace period 1 ([`Grace::wait_for_writers`]) skips
+//! slots that show `scan`: it exists so that no write lands in the previous NAL or (for the new
+//! NAL's keys) the raw index once the new NAL takes writes, and a scan writes nothing; a scan
+//! that still reads the old pointers sees values each of which was current at some moment of
+//! its run, which is all a scan promises (one observation per key). Grace period 2 (before the
+//! previous NAL is freed) waits for scans too. So a hot write never waits for a scan (issue
+//! 36: it waited for the whole of a parked one), and a scan pins one chunk at a time, so
+//! grace period 2 waits for one chunk, not a whole long scan. Dekker argument: for an operation whose `running` store the switch
 //! did not see, the fences order the switch's publication before the operation's pointer reads,
 //! so it sees the new pointers; an operation the switch did see has ended before the wait ends.
 //!
@@ -188,11 +196,23 @@ impl Grace {
     // through memory from a call was a measurable share of the wrapper's cost.
     #[inline(always)]
     pub fn begin(&self) -> Result<(OpGuard<'_>, Snapshot<'_>)> {
+        self.begin_as(false)
+    }
+
+    /// [`Grace::begin`] for one chunk of a scan: an operation that writes nothing, which grace
+    /// period 1 does not wait for (module docs).
+    #[inline]
+    pub fn begin_scan(&self) -> Result<(OpGuard<'_>, Snapshot<'_>)> {
+        self.begin_as(true)
+    }
+
+    #[inline(always)]
+    fn begin_as(&self, scan: bool) -> Result<(OpGuard<'_>, Snapshot<'_>)> {
         let tid = numa::try_tid().map_err(|e| Error::Unsupported(format!("nap: {e}")))?;
         let slot = &self.slots[tid];
         // ORDERING: only this thread writes its slot.
-        let cnt = (slot.load(Ordering::Relaxed) >> 1).wrapping_add(1);
-        let word = (cnt << 1) | 1;
+        let cnt = (slot.load(Ordering::Relaxed) >> 2).wrapping_add(1);
+        let word = (cnt << 2) | (u64::from(scan) << 1) | 1;
         loop {
             // ORDERING: Release (free on x86): the switch may take this word for "the slot
             // changed" and end its wait; the previous operation's NAL reads come before it.
@@ -310,6 +330,16 @@ impl Grace {
     /// Waits until every operation that might have read the pointers before the last `publish`
     /// has ended (the grace period of §4.5).
     pub fn wait_grace_period(&self) {
+        self.wait_for(true);
+    }
+
+    /// [`Grace::wait_grace_period`] for every operation but scans (grace period 1: see the
+    /// module docs for why scans need not be waited for there).
+    pub fn wait_for_writers(&self) {
+        self.wait_for(false);
+    }
+
+    fn wait_for(&self, scans: bool) {
         // ORDERING: SeqCst (heavy) fence pairs with the one in `begin` (module docs).
         barrier::heavy(self.asymmetric);
         let busy: Vec<(usize, u64)> = self
@@ -318,7 +348,7 @@ impl Grace {
             .enumerate()
             .filter_map(|(i, s)| {
                 let w = s.load(Ordering::Acquire);
-                (w & 1 == 1).then_some((i, w))
+                (w & 1 == 1 && (scans || w & 2 == 0)).then_some((i, w))
             })
             .collect();
         for (i, w) in busy {

@@ -28,8 +28,10 @@
 //! - `nap.switch.pre_flush` — phase 2: grace period 1 passed, `cur` writable, `pre` not flushed
 //!   (writers of keys only in `pre` wait).
 //!
-//! Fail point: `nap.switch.flush` — the phase-2 flush fails as if the raw index were out of
-//! space (`OutOfSpace`): the switch stalls, writers blocked on `pre` get the error.
+//! Fail points: `nap.switch.flush` — the phase-2 flush fails as if the raw index were out of
+//! space (`OutOfSpace`): the switch stalls, writers blocked on `pre` get the error;
+//! `nap.switch.free` — phase 3's free of the previous NAL's PC-views fails: the switch still
+//! completes, the free is retried later.
 //!
 //! ```
 //! use numakv_fastfair::FastFair;
@@ -136,6 +138,10 @@ pub struct NapOptions<O> {
     pub detect_uniform: bool,
     /// Keys estimated below this count in a period are not hot (noise filter; 2).
     pub min_count: u32,
+    /// Samples digested since the last decision below which the switch thread keeps the
+    /// current NAL (too few to tell a hot set; 64). Tests that must see switches on short
+    /// runs lower it.
+    pub min_samples: u64,
     /// Run the switch thread (hot-set identification); without it switches happen only
     /// through [`Nap::switch_to`].
     pub background: bool,
@@ -185,6 +191,7 @@ impl<O: Default> Default for NapOptions<O> {
             stale: Duration::from_millis(100),
             detect_uniform: true,
             min_count: 2,
+            min_samples: 64,
             background: true,
             switch_mode: SwitchMode::ThreePhase,
             phase_hook: PhaseHook::default(),
@@ -221,6 +228,8 @@ pub(crate) struct Counters {
     /// the kit's coverage gate for lazy resolution and writes waiting on a previous NAL.
     pub switches_with_previous: AtomicU64,
     pub switch_errors: AtomicU64,
+    /// Failed frees of a previous NAL's PC-views (each retried later).
+    pub recycle_failures: AtomicU64,
     /// Per dense thread id (own cache line each): a shared counter bumped by every NAL hit
     /// would bounce one line between all cores on exactly the skewed workloads Nap serves.
     pub nal_hits: Box<[crossbeam_utils::CachePadded<AtomicU64>]>,
@@ -239,6 +248,7 @@ impl Default for Counters {
             switches: AtomicU64::new(0),
             switches_with_previous: AtomicU64::new(0),
             switch_errors: AtomicU64::new(0),
+            recycle_failures: AtomicU64::new(0),
             nal_hits: (0..numakv_pmem::numa::MAX_THREADS)
                 .map(|_| crossbeam_utils::CachePadded::new(AtomicU64::new(0)))
                 .collect(),
@@ -274,6 +284,9 @@ pub(crate) struct Shared<I> {
     /// lock): what `stats()` reports while a switch runs.
     pub nal_figures: Mutex<check::NalFigures>,
     pub stall: Mutex<Option<switch::Stall>>,
+    /// Unreachable NALs whose PC-views could not be freed yet (a failed phase-3 free), with
+    /// the views freed so far; retried by the next switch and the switch thread.
+    pub recycling: Mutex<Vec<(Box<nal::Nal>, usize)>>,
     pub stalled: AtomicBool,
     pub phase: AtomicU8,
     pub phase_hook: PhaseHook,
@@ -319,6 +332,7 @@ impl<I: Inner> Nap<I> {
             switch_lock: Mutex::new(0),
             nal_figures: Mutex::new(check::NalFigures::default()),
             stall: Mutex::new(None),
+            recycling: Mutex::new(Vec::new()),
             stalled: AtomicBool::new(false),
             phase: AtomicU8::new(phase::IDLE),
             phase_hook: opts.phase_hook.clone(),
@@ -339,7 +353,7 @@ impl<I: Inner> Nap<I> {
                     threshold: opts.switch_threshold,
                     detect_uniform: opts.detect_uniform,
                     min_count: opts.min_count,
-                    min_samples: 64,
+                    min_samples: opts.min_samples,
                 },
             };
             std::thread::Builder::new()
@@ -415,6 +429,14 @@ impl<I: Inner> Index for Nap<I> {
 
     fn scan(&self, start: u64, max: usize, out: &mut Vec<(u64, u64)>) -> Result<usize> {
         self.shared.scan(start, max, out)
+    }
+
+    fn update_with(
+        &self,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+    ) -> Result<Option<u64>> {
+        self.shared.update_with(key, f)
     }
 
     fn stats(&self) -> EngineStats {

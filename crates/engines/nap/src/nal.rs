@@ -140,11 +140,23 @@ impl Nal {
 
     /// Frees the PC-views. Caller guarantees nobody reaches them any more.
     pub fn free_pm(&self) -> Result<()> {
+        self.free_pm_from(&mut 0)
+    }
+
+    /// [`Nal::free_pm`], resumable: `freed` views (counted from the last) are already free;
+    /// it counts the ones this call frees, so a failed call can be retried.
+    pub fn free_pm_from(&self, freed: &mut usize) -> Result<()> {
         // Node 0's view last: it is what the root slots name, the others hang off it.
-        for &p in self.views.iter().rev() {
+        while let Some(&p) = self.views.len().checked_sub(*freed + 1).map(|i| &self.views[i]) {
             self.pool.free_pages(p)?;
+            *freed += 1;
         }
         Ok(())
+    }
+
+    /// The views not freed by `freed` views of [`Nal::free_pm_from`].
+    pub fn views_left(&self, freed: usize) -> &[PPtr] {
+        &self.views[..self.views.len().saturating_sub(freed)]
     }
 
     /// The latest `(value, version)` of item `i` across this NAL's PC-views (for `check`).

@@ -53,8 +53,8 @@ impl Write {
 }
 
 /// Where a write must go after looking at the snapshot.
-enum Route {
-    Done(bool),
+enum Route<T = bool> {
+    Done(T),
     /// `cur` holds the key but is not writable yet: wait for the first grace period.
     WaitWritable(*const Nal),
     /// `pre` holds the key: wait until `pre` changes.
@@ -140,6 +140,73 @@ impl<I: Inner> Shared<I> {
         }
     }
 
+    /// [`Index::update_with`] (issue 36): routed like a write; for a key of `cur`, `f` runs
+    /// under the GV entry's write lock (which excludes the key's other writers), its result is
+    /// persisted into the local PC-view; for a key in neither NAL, the raw engine's own
+    /// `update_with` (FAST&FAIR: one descent under the leaf lock, instead of the default's
+    /// `get` and `upsert`).
+    pub(crate) fn update_with(
+        &self,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+    ) -> Result<Option<u64>> {
+        check_key(key)?;
+        loop {
+            let route = {
+                let (op, snap) = self.grace.begin()?;
+                self.hot.sample(op.tid, op.count, key);
+                self.route_update_with(&snap, op.tid, key, &mut *f)?
+            };
+            match route {
+                Route::Done(r) => return Ok(r),
+                Route::WaitWritable(nal) => self.wait(|| !self.grace.is_unwritable(nal))?,
+                Route::WaitPre(pre) => {
+                    self.counters.blocked_writes.fetch_add(1, Ordering::Relaxed);
+                    self.wait(|| !self.grace.pre_is(pre))?
+                }
+            }
+        }
+    }
+
+    fn route_update_with(
+        &self,
+        snap: &Snapshot<'_>,
+        tid: usize,
+        key: u64,
+        f: &mut dyn FnMut(u64) -> Result<Option<u64>>,
+    ) -> Result<Route<Option<u64>>> {
+        if let Some(cur) = snap.cur {
+            if let Some(i) = cur.find(key) {
+                // ORDERING: Acquire, as in `route_write`.
+                if !cur.writable.load(Ordering::Acquire) {
+                    return Ok(Route::WaitWritable(cur));
+                }
+                self.counters.hit(tid);
+                let mut st = cur.entries[i].state.write();
+                if !st.resolved {
+                    // As in `write_nal`: `cur` is writable, the value read here is final.
+                    st.value = self.read_lazy(snap, key)?;
+                    st.resolved = true;
+                }
+                let Some(old) = st.value else { return Ok(Route::Done(None)) };
+                let Some(new) = f(old)? else { return Ok(Route::Done(Some(old))) };
+                let version = st.version + 1;
+                cur.pc_write(numa::current_node(), i, new, version);
+                st.version = version;
+                st.value = Some(new);
+                return Ok(Route::Done(Some(old)));
+            }
+        }
+        if let Some(pre) = snap.pre {
+            if pre.find(key).is_some() {
+                return Ok(Route::WaitPre(pre));
+            }
+        }
+        // As a write routed to the raw index: a switch installing a NAL over the key waits
+        // for this operation (grace period 1).
+        self.raw.update_with(key, f).map(Route::Done)
+    }
+
     fn route_write(&self, snap: &Snapshot<'_>, tid: usize, key: u64, w: Write) -> Result<Route> {
         if let Some(cur) = snap.cur {
             if let Some(i) = cur.find(key) {
@@ -223,11 +290,13 @@ impl<I: Inner> Shared<I> {
         if max == 0 || start == u64::MAX {
             return Ok(0);
         }
-        let (_op, snap) = self.grace.begin()?;
         let base = out.len();
         let mut pos = start.max(1);
         let mut chunk = Vec::new();
         loop {
+            // One operation per chunk (grace.rs): a switch's grace period 2 waits for this
+            // chunk, not for the whole scan; grace period 1 does not wait for scans at all.
+            let (_op, snap) = self.grace.begin_scan()?;
             let want = (max - (out.len() - base)).max(16);
             chunk.clear();
             let n = self.raw.scan(pos, want, &mut chunk)?;

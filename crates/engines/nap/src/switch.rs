@@ -61,6 +61,57 @@ impl Stall {
     }
 }
 
+/// Held by a running switch (or the retry of a stalled one): blocks operations in global-lock
+/// mode and lets them go on when dropped — also when a panic (of the raw engine, in the flush)
+/// unwinds through the switch (issue 36: the global lock's flag stayed set and every later
+/// operation waited for good). On such an unwind it also makes the installed NAL writable
+/// (after grace period 1, which may not have run) and, when a previous NAL is still installed,
+/// records a stall: writers waiting for it get an error instead of waiting forever, and the
+/// switch thread or the next switch finishes it.
+struct SwitchGuard<'a, I: Inner> {
+    shared: &'a Shared<I>,
+    global: bool,
+}
+
+impl<'a, I: Inner> SwitchGuard<'a, I> {
+    fn new(shared: &'a Shared<I>) -> Self {
+        let global = shared.switch_mode == SwitchMode::GlobalLock;
+        if global {
+            shared.grace.block();
+        }
+        SwitchGuard { shared, global }
+    }
+}
+
+impl<I: Inner> Drop for SwitchGuard<'_, I> {
+    fn drop(&mut self) {
+        let s = self.shared;
+        if std::thread::panicking() {
+            let (cur, pre) = s.grace.pointers();
+            // SAFETY: the switch lock (held by this thread) keeps the installed NALs alive.
+            if let Some(nal) = unsafe { cur.as_ref() } {
+                // ORDERING: Acquire/Release as in `switch_locked`.
+                if !nal.writable.load(Ordering::Acquire) {
+                    s.grace.wait_for_writers();
+                    nal.writable.store(true, Ordering::Release);
+                }
+            }
+            s.grace.set_unwritable(std::ptr::null_mut());
+            if !pre.is_null() {
+                *s.stall.lock() =
+                    Some(Stall { out_of_space: None, message: "the switch panicked".into() });
+                // ORDERING: Release; pairs with the Acquire in `stall_error`.
+                s.stalled.store(true, Ordering::Release);
+            }
+            // Not `enter`: the phase hook is not run while unwinding.
+            s.phase.store(phase::IDLE, Ordering::Relaxed);
+        }
+        if self.global {
+            s.grace.unblock();
+        }
+    }
+}
+
 /// Writes the three NAL pointers failure-atomically through the undo record (§4.5 "Failure
 /// atomicity"). All eight Nap slots share one cache line, so each step is one flush + fence.
 pub(crate) fn log_pointers(pool: &Pool, cur: PPtr, pre: PPtr, gc: PPtr) -> Result<()> {
@@ -109,14 +160,11 @@ impl<I: Inner> Shared<I> {
     pub(crate) fn switch_to(&self, keys: &[u64]) -> Result<SwitchReport> {
         let t0 = Instant::now();
         let mut seq = self.switch_lock.lock();
-        let r = if self.switch_mode == SwitchMode::GlobalLock {
-            // The write side of the global lock for the whole switch: no operation runs, so
-            // the grace periods inside return at once and no write ever waits on a NAL.
-            self.grace.block();
-            let r = self.switch_locked(&mut seq, keys, t0);
-            self.grace.unblock();
-            r
-        } else {
+        let r = {
+            // The write side of the global lock for the whole switch (global-lock mode): no
+            // operation runs, so the grace periods inside return at once and no write ever
+            // waits on a NAL. The guard lets operations go on even if a panic unwinds through.
+            let _g = SwitchGuard::new(self);
             self.switch_locked(&mut seq, keys, t0)
         };
         // What `stats()` reports during the next switch.
@@ -127,6 +175,7 @@ impl<I: Inner> Shared<I> {
     /// The switch proper; the caller holds the switch lock (`seq`).
     fn switch_locked(&self, seq: &mut u64, keys: &[u64], t0: Instant) -> Result<SwitchReport> {
         // A previous switch that stalled in phase 2 is finished first: one switch at a time.
+        self.retry_recycling();
         let mut flushed = self.finish_pending()?;
         let mut keys: Vec<u64> = keys.iter().copied().filter(|&k| check_key(k).is_ok()).collect();
         keys.sort_unstable();
@@ -173,7 +222,9 @@ impl<I: Inner> Shared<I> {
         // Phase 2 begins with the first grace period: afterwards every operation sees NAL_new,
         // so NAL_old and (for NAL_new's keys) the raw index are no longer written.
         self.enter(phase::FLUSH);
-        self.grace.wait_grace_period();
+        // Scans are not waited for: they write nothing (grace.rs); grace period 2 below waits
+        // for them before `old` is freed.
+        self.grace.wait_for_writers();
         // SAFETY: `new` is installed; only this thread frees it, in a later switch.
         if let Some(nal) = unsafe { new.as_ref() } {
             // ORDERING: Release pairs with the Acquire in route_write (and, through
@@ -225,20 +276,49 @@ impl<I: Inner> Shared<I> {
         self.stalled.store(false, Ordering::Release);
         *self.stall.lock() = None;
         self.grace.wait_grace_period();
-        // Nobody can reach NAL_old any more. A failed free leaves the extent to the next
-        // recovery's sweep (GC still names it).
-        let freed = pre_nal.free_pm();
-        if freed.is_ok() {
-            let gc = self.pool.root(SLOT_GC)?;
-            gc.store(0, Ordering::Release);
-            // PERSIST: one 8-byte store retires gc_NAL (Listing 1 line 15).
-            self.pool.persist_obj(gc);
-        }
+        // Nobody can reach NAL_old any more.
         // SAFETY: unpublished, and the grace period above waited out every operation that
         // could hold it; this thread installed it with Box::into_raw.
-        drop(unsafe { Box::from_raw(pre) });
+        self.recycle(unsafe { Box::from_raw(pre) }, 0);
         self.enter(phase::IDLE);
-        freed.map(|()| flushed)
+        Ok(flushed)
+    }
+
+    /// Frees an unreachable NAL's PC-views and retires `GC` (Listing 1 lines 14–15). A free
+    /// that fails does not fail the switch, which has completed (issue 36: it was reported
+    /// as an error and left `check()` failing for good): the NAL waits in `recycling` — GC
+    /// still names it in PM, so a crash meanwhile leaves it to recovery's sweep — and
+    /// [`Shared::retry_recycling`] tries again. Caller holds the switch lock.
+    fn recycle(&self, nal: Box<Nal>, mut freed: usize) {
+        let r = if numakv_pmem::fail_point!("nap.switch.free") {
+            // Test hook: the page heap refuses the free.
+            Err(numakv_pmem::PoolError::OutOfSpace { node: 0, requested: 0 }.into())
+        } else {
+            nal.free_pm_from(&mut freed)
+        };
+        let r = r.and_then(|()| {
+            let gc = self.pool.root(SLOT_GC)?;
+            // Only the latest recycled NAL is named (a later phase 3 overwrote an older one).
+            if gc.load(Ordering::Acquire) == nal.root().raw() {
+                gc.store(0, Ordering::Release);
+                // PERSIST: one 8-byte store retires gc_NAL (Listing 1 line 15).
+                self.pool.persist_obj(gc);
+            }
+            Ok(())
+        });
+        if r.is_err() {
+            self.counters.recycle_failures.fetch_add(1, Ordering::Relaxed);
+            self.recycling.lock().push((nal, freed));
+        }
+    }
+
+    /// Retries the frees of NALs whose recycling failed (the next switch, the switch thread's
+    /// tick). Caller holds the switch lock.
+    pub(crate) fn retry_recycling(&self) {
+        let pending = std::mem::take(&mut *self.recycling.lock());
+        for (nal, freed) in pending {
+            self.recycle(nal, freed);
+        }
     }
 
     /// Flushes the entries `nal` wrote into the raw index (phase 2). `nal` is no longer written.
@@ -309,15 +389,15 @@ pub(crate) fn run<I: Inner>(shared: Arc<Shared<I>>, stop: Arc<AtomicBool>, cfg: 
         det.digest(&shared.hot);
         if shared.stalled.load(Ordering::Acquire) {
             let _g = shared.switch_lock.lock();
-            let global = shared.switch_mode == SwitchMode::GlobalLock;
-            if global {
-                shared.grace.block();
-            }
-            let _ = shared.finish_pending();
-            if global {
-                shared.grace.unblock();
+            {
+                let _blocked = SwitchGuard::new(&shared);
+                let _ = shared.finish_pending();
             }
             numakv_pmem::account::op_split();
+        }
+        if !shared.recycling.lock().is_empty() {
+            let _g = shared.switch_lock.lock();
+            shared.retry_recycling();
         }
         if last.elapsed() < cfg.period {
             continue;

@@ -1,5 +1,5 @@
 //! Nap is a black box over any engine (papers/nap.txt §3): Nap over NOBtree, NStore and F3-tree,
-//! with switches churning, through the kit's differential model (ADR and eADR), its concurrent
+//! with the hot set moving, through the kit's differential model (ADR and eADR), its concurrent
 //! linearizability check and ADR power failures with recovery. (Nap<FastFair> and Nap<NbTree>
 //! run the whole kit in `conformance.rs` and `conformance_nbtree.rs`.)
 
@@ -14,7 +14,7 @@ use numakv_nstore::{NStore, NStoreOptions};
 
 fn kit_run<I: Inner>(inner: I::Options) {
     let kit =
-        || Kit::<Nap<I>>::new(NapOptions { inner: inner.clone(), ..common::churning_options() });
+        || Kit::<Nap<I>>::new(NapOptions { inner: inner.clone(), ..common::moving_options() });
     kit().differential(PersistMode::Adr).unwrap();
     kit().differential(PersistMode::Eadr).unwrap();
     kit().concurrent_shared().unwrap();

@@ -187,6 +187,16 @@ impl Tree {
         }
     }
 
+    /// Counts a sampled access to the leaf `n` (and, from `path`, the inner nodes of its
+    /// descent) for the migration coordinator (every `sample_every`-th access of the thread).
+    /// Caller is pinned.
+    #[inline]
+    pub(crate) fn sample(&self, n: &Node<'_>, path: &[PPtr]) {
+        if let Some(m) = &self.migrator {
+            m.sample(&self.pool, n, n.ptr, path, &self.next_id);
+        }
+    }
+
     /// Algorithm 2 `Lookup`.
     pub(crate) fn lookup(&self, key: u64, guard: &Guard) -> Result<Option<u64>> {
         let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
@@ -199,9 +209,7 @@ impl Tree {
                 let w = n.slots();
                 let found = find(&n, w, key).map(|p| n.val(p));
                 if snap.validate(&n) {
-                    if let Some(m) = &self.migrator {
-                        m.sample(&self.pool, &n, cur, &path, &self.next_id);
-                    }
+                    self.sample(&n, &path);
                     return Ok(found);
                 }
                 self.retry();
@@ -290,9 +298,7 @@ impl Tree {
         drop(g);
         // After the unlock: the statistics cost nothing to the node's other writers (the node
         // stays readable: this thread is pinned).
-        if let Some(m) = &self.migrator {
-            m.sample(&self.pool, &n, n.ptr, &path, &self.next_id);
-        }
+        self.sample(&n, &path);
         if kind != WriteKind::Update {
             self.after_insert(steps);
         }
@@ -308,6 +314,8 @@ impl Tree {
         let n = g.node();
         let w = n.slots();
         let Some(p) = find(&n, w, key) else {
+            drop(g);
+            self.sample(&n, &path);
             return Ok(false);
         };
         let Some(i) = sl_index_of(w, p) else {
@@ -324,6 +332,9 @@ impl Tree {
         self.pool.persist(n.hdr_addr(), 64);
         let leaf = n.ptr;
         drop(g);
+        // A delete is a leaf access too (the paper monitors all of them); sampled after the
+        // unlock, before a merge may retire the leaf (this thread is pinned either way).
+        self.sample(&n, &path);
         if left <= crate::smo::MERGE_TRIGGER {
             // The delete is durable; a merge that fails (out of space cannot happen: it
             // allocates nothing) or aborts leaves a valid tree.

@@ -32,6 +32,9 @@
 //!   frozen the previous sibling and the parent; nothing is switched yet.
 //! - `nobtree.migrate.parent_switched` (pause): a migration has armed the log and pointed the
 //!   parent (or the upper layer) at the copy; the previous sibling still names the original.
+//! - `nobtree.migrate.copy_open` (pause): a migration has switched both references, marked the
+//!   original obsolete and unfrozen the copy (writers enter it); its log is still armed and the
+//!   previous sibling and parent are still frozen.
 //! - `nobtree.rebuild.snapshot` (pause): a rebuild of the upper layer has started its log of
 //!   concurrent writes and read its snapshot; nothing is built or swapped yet.
 //!
@@ -133,6 +136,11 @@ pub(crate) struct Counters {
     pub rebuilds: AtomicU64,
     pub retries: AtomicU64,
     pub orphans_deferred: AtomicU64,
+    /// Completed migrations by kind (the coordinator's and explicit ones): leaves below the
+    /// subindex roots, inner nodes below them, subindex roots (a leaf at height 1).
+    pub migrated_leaves: AtomicU64,
+    pub migrated_inner: AtomicU64,
+    pub migrated_roots: AtomicU64,
 }
 
 /// Striped counters of Algorithm 3's `goes_step` / `query_time`.
@@ -498,6 +506,9 @@ impl Index for Tree {
             ("upper_bytes_per_replica", up_nodes * layout::UP_NODE_SIZE as u64),
             ("retries", get(&c.retries)),
             ("orphans_deferred", get(&c.orphans_deferred)),
+            ("migrated_leaves", get(&c.migrated_leaves)),
+            ("migrated_inner", get(&c.migrated_inner)),
+            ("migrated_roots", get(&c.migrated_roots)),
             ("node_bytes_allocated", s.allocated_bytes),
             // Writers that waited for a node a migration had frozen (process-wide counts
             // since this handle was made: trees running at once in one process share them).

@@ -141,6 +141,22 @@ pub(crate) struct Candidate {
     target: usize,
 }
 
+/// The node that accesses a node most (papers/nobtree.txt §III-B2: nodes migrate "to the
+/// socket that accesses them most"), from its sampled accesses per node; the node lives on
+/// `at`. Ties: `at` wins (a move between equal accessors gains nothing), and among the other
+/// nodes the lowest. With three or more nodes a remote majority can still leave `at` the
+/// largest accessor: the node stays.
+fn largest_accessor(by_node: &[u32], at: usize) -> usize {
+    let mut best = at;
+    for (i, &c) in by_node.iter().enumerate() {
+        // Strictly more: `best` starts at `at`, and a lower node that ties keeps its place.
+        if c > by_node[best] {
+            best = i;
+        }
+    }
+    best
+}
+
 /// Statistics shards (DRAM hash table keyed by node id).
 const SHARDS: usize = 16;
 
@@ -474,16 +490,7 @@ impl Migrator {
             if !hot {
                 return;
             }
-            // The node that accesses it most (papers/nobtree.txt §III-B2: "to the socket that accesses
-            // them most");
-            // ties go to the lowest node. With three or more nodes a remote majority can still
-            // leave the node's own node the largest accessor: it stays.
-            let mut best = at;
-            for (i, &c) in by_node.iter().enumerate() {
-                if c > by_node[best] {
-                    best = i;
-                }
-            }
+            let best = largest_accessor(by_node, at);
             if best == at {
                 return;
             }
@@ -756,7 +763,7 @@ impl Tree {
         node: PPtr,
         id: u64,
         target: usize,
-        guard: &epoch::Guard,
+        guard: &mut epoch::Guard,
     ) -> Result<bool> {
         if target >= self.pool.nodes() {
             return Ok(false);
@@ -788,16 +795,28 @@ impl Tree {
             (o.records(o.slots()), o.sibling(og.state()), o.leftmost())
         };
         let frozen_o = Frozen { node: o, level, done: false };
-        // 2. The copy on the target node, complete and durable, before anything else.
-        let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
+        // 2. The copy on the target node, complete and durable, before anything else. Without
+        //    the pin: `O` is frozen, so its block cannot be retired (merges give up on it,
+        //    migrations are serialised), and nothing else loaded under the pin is used after
+        //    it. A pin held through the allocation and the copy's persist held back every
+        //    block the tree retired meanwhile (issue 36); `guard` is pinned again after.
+        let copied = guard.repin_after(|| -> Result<(PPtr, u64)> {
+            let np = self.nsm.alloc_on(NODE_SIZE, Some(target))?;
+            let unlinked = Unlinked { tree: self, p: np, done: false };
+            let new_id = self.new_id();
+            init_node(&self.pool, np, level, leftmost, low, sib, new_id, &recs)?;
+            // The copy is frozen too until both references name it: a write into it while
+            // `L` still leads to `O` would be missed by readers (scans) walking from `L`
+            // into `O`.
+            let copy = self.node(np)?;
+            // ORDERING: Release; ordered before the Release stores that publish the copy.
+            copy.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
+            unlinked.commit();
+            Ok((np, new_id))
+        });
+        let (np, new_id) = copied?;
         let unlinked = Unlinked { tree: self, p: np, done: false };
-        let new_id = self.new_id();
-        init_node(&self.pool, np, level, leftmost, low, sib, new_id, &recs)?;
-        // The copy is frozen too until both references name it: a write into it while `L`
-        // still leads to `O` would be missed by readers (scans) walking from `L` into `O`.
         let copy = self.node(np)?;
-        // ORDERING: Release; ordered before the Release stores that publish the copy.
-        copy.hdr.meta.store(meta_word(level, FLAG_FROZEN), Ordering::Release);
         // 3. Freeze the previous sibling `L` (the node of this level covering low - 1) and
         //    the parent `P` the same way, after checking that they still reference `O`: a
         //    frozen node's references cannot change (writers wait, merges give up), so the
@@ -918,12 +937,21 @@ impl Tree {
         // started before this point.
         copy.hdr.meta.store(meta_word(level, 0), Ordering::Release);
         unlinked.commit();
+        numakv_pmem::pause_point!("nobtree.migrate.copy_open");
         log.state.store(0, Ordering::Release);
         // PERSIST: disarmed after both references are durable (and before `P` and `L` thaw:
         // the log never names a node that may have been merged away and reused).
         self.pool.persist_obj(&log.state);
         drop(parent);
         drop(frozen_l);
+        let kind = if is_root {
+            &self.counters.migrated_roots
+        } else if level == 0 {
+            &self.counters.migrated_leaves
+        } else {
+            &self.counters.migrated_inner
+        };
+        kind.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.migrator {
             m.held(held_since.elapsed().as_nanos() as u64, level, is_root);
             m.carry_migrated(id, new_id);
@@ -941,7 +969,7 @@ impl Tree {
     /// pin, migrated if it is still the queued node (same id). `Ok(None)`: it is already on the
     /// target node.
     fn migrate_queued(&self, c: Candidate) -> Result<Option<bool>> {
-        let guard = epoch::pin();
+        let mut guard = epoch::pin();
         let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (p, _) = self.descend(c.low, c.level, &mut path, &guard)?;
         let n = self.node(p)?;
@@ -951,12 +979,12 @@ impl Tree {
         if p.node() == c.target {
             return Ok(None);
         }
-        self.migrate(p, c.id, c.target, &guard).map(Some)
+        self.migrate(p, c.id, c.target, &mut guard).map(Some)
     }
 
     /// Migrates the node of `level` covering `key` to `target` (tests, repros).
     pub(crate) fn migrate_level_key(&self, key: u64, level: u32, target: usize) -> Result<bool> {
-        let guard = epoch::pin();
+        let mut guard = epoch::pin();
         let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (p, _) = self.descend(key, level, &mut path, &guard)?;
         let n = self.node(p)?;
@@ -964,11 +992,25 @@ impl Tree {
             return Ok(false);
         }
         let id = n.hdr.id.load(Ordering::Relaxed);
-        self.migrate(p, id, target, &guard)
+        self.migrate(p, id, target, &mut guard)
     }
 
     /// Migrates the leaf holding `key` to `target` (tests, repros).
     pub(crate) fn migrate_key(&self, key: u64, target: usize) -> Result<bool> {
         self.migrate_level_key(key, 0, target)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::largest_accessor;
+
+    #[test]
+    fn ties_go_to_the_own_node_then_to_the_lowest() {
+        assert_eq!(largest_accessor(&[3, 5, 5, 0], 0), 1, "a tie among others: the lowest");
+        assert_eq!(largest_accessor(&[5, 5, 2, 0], 1), 1, "a tie with the own node: stays");
+        assert_eq!(largest_accessor(&[1, 2, 3, 0], 3), 2);
+        assert_eq!(largest_accessor(&[4, 4, 4, 0], 2), 2);
+        assert_eq!(largest_accessor(&[6, 4, 4, 0], 2), 0);
     }
 }

@@ -301,7 +301,6 @@ impl Tree {
     /// Returns whether a new layer was published; out of space leaves the old one (and stops
     /// the log).
     pub(crate) fn rebuild_snapshot(&self, force: bool) -> Result<bool> {
-        let guard = numakv_pmem::alloc::epoch::pin();
         let temp = {
             let mut w = self.upper_lock.lock();
             if w.temp.is_empty() && !force {
@@ -311,15 +310,20 @@ impl Tree {
             w.since_snapshot = Some(Vec::new());
             w.temp.clone()
         };
-        // SAFETY: loaded under `guard`; only a rebuild replaces it, and the caller's
-        // `rebuild_lock` makes this the one.
-        let old = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
-        let mut map: BTreeMap<u64, PPtr> =
-            old.map(|o| o.snapshot(&self.pool)).unwrap_or_default().into_iter().collect();
+        // Pinned only to read the snapshot, not through the build (which allocates on every
+        // node): a pin held that long holds back every retired block of the tree (issue 36).
+        let mut map: BTreeMap<u64, PPtr> = {
+            let guard = numakv_pmem::alloc::epoch::pin();
+            // SAFETY: loaded under `guard`; only a rebuild replaces it, and the caller's
+            // `rebuild_lock` makes this the one.
+            let old = unsafe { self.upper.load(Ordering::Acquire, &guard).as_ref() };
+            old.map(|o| o.snapshot(&self.pool)).unwrap_or_default().into_iter().collect()
+        };
         map.extend(temp);
         let entries: Vec<(u64, PPtr)> = map.into_iter().collect();
         numakv_pmem::pause_point!("nobtree.rebuild.snapshot");
         let built = Upper::build(&self.nsm, &self.pool, &entries);
+        let guard = numakv_pmem::alloc::epoch::pin();
         let mut w = self.upper_lock.lock();
         let log = w.since_snapshot.take().unwrap_or_default();
         let new = built?;
@@ -370,9 +374,14 @@ impl Tree {
     /// One merge at `node`'s level. Returns the parent it removed a separator from and the
     /// records the parent kept, or `None` when it did not merge.
     ///
-    /// Protocol (locks: the node `N`, its right sibling `R`, then their parent `P` — the order
-    /// migration uses: within a level left to right, then upwards; every thread holding two
-    /// node locks takes them in that order, so this cannot deadlock):
+    /// Protocol (locks: the node `N`, its right sibling `R`, then their parent `P` — within a
+    /// level left to right, then upwards. A merge is the only operation that holds more than
+    /// one node lock: a split holds its node alone, and a migration holds one node lock at a
+    /// time, for a moment, to set a freeze flag. So a thread waiting for a lock while holding
+    /// one waits for a node right of it or a level up, and no cycle of waits can form. None
+    /// of the three is waited for while frozen — [`WriteGuard::lock_unless_frozen`] gives
+    /// up: the migration may be about to lock `N` (its previous sibling), and `N`'s and `R`'s
+    /// readers would wait for the migration through this merge):
     /// 1. remove `R`'s separator from `P` (persist): `R` is now reached only through `N`'s
     ///    sibling pointer, like an orphan of a split; `P` is released;
     /// 2. copy `R`'s records into free slots of `N` — for an inner node first `(R.low,
@@ -393,8 +402,10 @@ impl Tree {
         if level >= self.top() || !self.has_parent_level(level)? {
             return Ok(None);
         }
-        // Both nodes of this level give up rather than wait for a migration that froze one:
-        // it may be about to lock the left one (its previous sibling).
+        // All three nodes (`N`, `R`, then `P`) give up rather than wait for a migration that
+        // froze one: it may be about to lock the left one (its previous sibling), and while
+        // this thread holds `N` and `R` their readers wait (no reader may wait for a
+        // migration, papers/nobtree.txt §III-D).
         let Some(ng) = WriteGuard::lock_unless_frozen(self.node(node)?) else {
             return Ok(None);
         };
@@ -430,7 +441,13 @@ impl Tree {
         let mut path = [PPtr::NULL; crate::bottom::MAX_PATH];
         let (mut pp, _) = self.descend(rlow, level + 1, &mut path, guard)?;
         let pg = loop {
-            let g = WriteGuard::lock(self.node(pp)?);
+            // The parent too: a merge holding `N` and `R` (which their readers wait for) must
+            // not wait for a migration that froze `P` (one of `P`'s other children is moving;
+            // it may stay frozen for as long as the copy takes). Giving up leaves a sparse
+            // node, which the next delete there merges (issue 36).
+            let Some(g) = WriteGuard::lock_unless_frozen(self.node(pp)?) else {
+                return Ok(None);
+            };
             match self.must_leave(&g.node(), g.state(), rlow)? {
                 Some(Step::Right(s)) => pp = s,
                 Some(Step::Restart) => return Ok(None),

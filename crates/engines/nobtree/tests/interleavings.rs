@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use common::{check_values_name_keys, quiet, vk, volatile};
+use common::{check_values_name_keys, quiet, vk, volatile, Op};
 use numakv_index::{Engine, Index};
 use numakv_nobtree::NobtreeOptions;
 use numakv_pmem::alloc::nsm::NsmMode;
@@ -332,4 +332,192 @@ fn migration_goes_to_the_largest_accessor_and_the_copy_keeps_its_statistics() {
     assert_eq!(t.leaf_node_of(k).unwrap(), 1, "not moved at 81% remote: {:?}", st.counters);
     assert_eq!(st.counter("migrations_queued_again"), Some(1), "{:?}", st.counters);
     t.check().unwrap();
+}
+
+/// Issue 36 (the paper: migration "does not block any reader"): a merge locks the node `N`
+/// and its right sibling `R`, then their parent `P`. With `P` frozen by a parked migration
+/// (of one of `P`'s other children) it waited in `WriteGuard::lock(P)` holding `N` and `R`,
+/// and every reader of `N`'s or `R`'s keys spun in `ReadSnapshot::begin` until the migration
+/// ended. Now a merge gives up on a frozen parent as it does on a frozen sibling.
+///
+/// Height 3, keys 1..=3000, coordinator off. The leaf `O` of 1500 and its previous sibling
+/// `L` are first moved to node 1 (so their keys can be told apart: writers rightly wait for
+/// those two while they are frozen), then `O` is migrated back and parked at
+/// `nobtree.migrate.frozen` (`O`, `L` and `P` frozen). A deleter removes 1600 down to 1400
+/// (keeping `k % 5 == 0`, skipping `O`'s and `L`'s keys): its deletes leave leaves sparse and
+/// merge them, some with `P` as parent. Readers of the kept keys must finish every pass.
+#[test]
+fn readers_do_not_wait_for_a_merge_blocked_on_a_frozen_parent() {
+    let sc = Scenario::setup();
+    let opts = NobtreeOptions { height: 3, nsm_mode: NsmMode::Node(0), ..quiet() };
+    let t = Arc::new(volatile(&opts));
+    for k in 1..=3000u64 {
+        t.insert(k, vk(k)).unwrap();
+    }
+    assert!(t.migrate_leaf_of(1500, 1).unwrap());
+    let o_low =
+        (1..=1500u64).rev().take_while(|&k| t.leaf_node_of(k).unwrap() == 1).last().unwrap();
+    assert!(t.migrate_leaf_of(o_low - 1, 1).unwrap());
+    let frozen_keys: Vec<u64> =
+        (1300..=1700u64).filter(|&k| t.leaf_node_of(k).unwrap() == 1).collect();
+    assert!(frozen_keys.contains(&1500) && frozen_keys.contains(&(o_low - 1)));
+    let merges_before = t.stats().counter("merges").unwrap();
+    let parked = sc.pause_thread("nobtree.migrate.frozen", "mig");
+    let m = {
+        let t = Arc::clone(&t);
+        thread::Builder::new().name("mig".into()).spawn(move || t.migrate_leaf_of(1500, 0)).unwrap()
+    };
+    parked.wait_parked();
+    let (tx, rx) = mpsc::channel();
+    let doomed: Vec<u64> =
+        (1400..=1600u64).rev().filter(|k| k % 5 != 0 && !frozen_keys.contains(k)).collect();
+    let d = {
+        let t = Arc::clone(&t);
+        let doomed = doomed.clone();
+        thread::Builder::new()
+            .name("deleter".into())
+            .spawn(move || {
+                for k in doomed {
+                    assert!(t.remove(k).unwrap(), "remove {k}");
+                }
+                let _ = tx.send(());
+            })
+            .unwrap()
+    };
+    // Reader passes over the kept keys while the deleter runs (and, before the fix, after it
+    // blocked holding two leaves): each pass must finish.
+    let kept: Vec<u64> = (1380..=1620u64).filter(|k| !doomed.contains(k)).collect();
+    let mut passes = 0;
+    let mut longest = Duration::ZERO;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = rx.try_recv().is_ok();
+        let t2 = Arc::clone(&t);
+        let kept2 = kept.clone();
+        let t0 = std::time::Instant::now();
+        let got = finishes("reader", 10, move || {
+            kept2.iter().map(|&k| t2.get(k).unwrap()).collect::<Vec<_>>()
+        });
+        longest = longest.max(t0.elapsed());
+        passes += 1;
+        for (k, v) in kept.iter().zip(got) {
+            assert_eq!(v, Some(vk(*k)), "kept key {k}");
+        }
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleter did not finish while the migration was parked ({passes} reader passes)"
+        );
+    }
+    eprintln!("{passes} reader passes while the migration was parked, longest {longest:?}");
+    let merged = t.stats().counter("merges").unwrap() - merges_before;
+    assert!(merged > 0, "no merge during the parked migration: the test lost its teeth");
+    parked.release();
+    assert!(m.join().unwrap().unwrap(), "the migration committed");
+    d.join().unwrap();
+    assert_eq!(t.leaf_node_of(1500).unwrap(), 0);
+    let out = check_values_name_keys(&t);
+    let want: Vec<(u64, u64)> =
+        (1..=3000u64).filter(|k| !doomed.contains(k)).map(|k| (k, vk(k))).collect();
+    assert_eq!(out, want);
+}
+
+/// Issue 36: the window between a migration's unfreezing of its copy and the disarming of its
+/// log (`nobtree.migrate.copy_open`): both references already name the copy `O'`, writers enter
+/// it, and the log is still armed, so a crash here makes recovery redo a migration whose copy
+/// has taken writes since. The redo must only re-point references that still name `O`
+/// (none): every acknowledged write into `O'` survives. Updates and inserts into the copy are
+/// acknowledged; a writer that then splits the copy waits in the split's parent insert for the
+/// frozen parent (its new node is linked only by the copy's sibling pointer — an orphan
+/// recovery links) and is the pending operation. Heights 2 and 3, ADR shadow, strict crash.
+#[test]
+fn crash_after_writes_into_the_copy_while_the_log_is_armed() {
+    use numakv_pmem::{CrashOptions, PersistMode, SimMode};
+    use std::collections::BTreeMap;
+    let sc = Scenario::setup();
+    for height in [2u32, 3] {
+        let opts = NobtreeOptions { height, nsm_mode: NsmMode::Node(0), ..quiet() };
+        let d = tempfile::tempdir().unwrap();
+        let t = Arc::new(common::create(d.path(), PersistMode::Adr, SimMode::Shadow, &opts));
+        let mut model = BTreeMap::new();
+        for k in 1..=1500u64 {
+            t.insert(k * 5, vk(k * 5)).unwrap();
+            model.insert(k * 5, vk(k * 5));
+        }
+        let pool = Arc::clone(t.pool());
+        let parked = sc.pause_thread("nobtree.migrate.copy_open", "mig");
+        let m = {
+            let t = Arc::clone(&t);
+            thread::Builder::new()
+                .name("mig".into())
+                .spawn(move || t.migrate_leaf_of(5000, 1))
+                .unwrap()
+        };
+        parked.wait_parked();
+        // The copy's keys: the only leaf on node 1.
+        let copy: Vec<u64> =
+            (4900..=5100u64).step_by(5).filter(|&k| t.leaf_node_of(k).unwrap() == 1).collect();
+        assert!(copy.contains(&5000), "{copy:?}");
+        for &k in &copy {
+            t.upsert(k, vk(k) + 1).unwrap();
+            model.insert(k, vk(k) + 1);
+        }
+        let lo = copy[0];
+        // Two inserts fit (a leaf of a sequential load is about half full).
+        for k in [lo + 1, lo + 2] {
+            assert!(t.insert(k, vk(k)).unwrap());
+            model.insert(k, vk(k));
+        }
+        assert_eq!(t.leaf_node_of(lo + 1).unwrap(), 1, "the inserts went into the copy");
+        // More inserts into the copy: one of them splits it and waits for the frozen parent.
+        // (key, done): sent before and after each insert.
+        let (tx, rx) = mpsc::channel::<(u64, bool)>();
+        let w = {
+            let t = Arc::clone(&t);
+            let keys: Vec<u64> = [lo + 3, lo + 4]
+                .into_iter()
+                .chain(copy.iter().skip(1).flat_map(|&c| [c + 1, c + 2]))
+                .collect();
+            thread::spawn(move || {
+                for k in keys {
+                    let _ = tx.send((k, false));
+                    let r = t.insert(k, vk(k));
+                    if !matches!(r, Ok(true)) {
+                        return; // the pool crashed under it: never acknowledged
+                    }
+                    let _ = tx.send((k, true));
+                }
+            })
+        };
+        // Acknowledged inserts go into the model until the writer stops making progress (it
+        // waits for the frozen parent; or it finished, had nothing split).
+        let mut pending = None;
+        while let Ok((k, done)) = rx.recv_timeout(Duration::from_millis(500)) {
+            if done {
+                model.insert(k, vk(k));
+                pending = None;
+            } else {
+                pending = Some(Op::Insert(k, vk(k)));
+            }
+        }
+        pool.crash(CrashOptions::STRICT).unwrap();
+        parked.release();
+        let _ = m.join().unwrap();
+        w.join().unwrap();
+        drop(t);
+        drop(pool);
+        let (t, rep) = common::reopen(d.path(), SimMode::Shadow, &opts);
+        assert!(!rep.was_clean);
+        common::verify(&t, &model, pending, true);
+        let counter = |n: &str| rep.counters.iter().find(|c| c.0 == n).map_or(0, |c| c.1);
+        eprintln!(
+            "height {height}: pending {pending:?}, recovery {:?}",
+            rep.counters.iter().filter(|c| c.1 > 0).collect::<Vec<_>>()
+        );
+        assert_eq!(counter("migration_redone"), 1, "{rep:?}");
+        assert_eq!(counter("orphans_linked"), 1, "the copy's split was not left to recovery");
+        common::keep_working(&t, 77, 300, 8000, 6);
+    }
 }

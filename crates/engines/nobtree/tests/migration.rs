@@ -284,3 +284,43 @@ fn cool_down_holds_fresh_nodes_back() {
     assert!(hot.iter().all(|&k| t.leaf_node_of(k).unwrap() == 0));
     t.check().unwrap();
 }
+
+/// Issue 36 (papers/nobtree.txt §III-D monitors all leaf accesses): deletes and every leaf a
+/// scan reads count in the migration statistics, as lookups and writes do. A leaf on node 0
+/// read only by scans from node 1 moves to node 1; so does one touched only by deletes (of
+/// absent keys: a delete that finds nothing is an access too). Neither was sampled before.
+#[test]
+fn scans_and_deletes_are_sampled() {
+    let opts = NobtreeOptions {
+        nsm_mode: NsmMode::Node(0),
+        migration: MigrationOptions {
+            sample_every: 1,
+            hot_threshold: 4,
+            cooldown: 0,
+            inner: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let t = volatile(&opts);
+    for k in 1..=3000u64 {
+        t.insert(k * 2, vk(k * 2)).unwrap();
+    }
+    t.drain_migrations();
+    let moved_before = t.stats().counter("migrations").unwrap();
+    set_current_node(1);
+    let mut out = Vec::new();
+    for _ in 0..8 {
+        out.clear();
+        t.scan(2000, 3, &mut out).unwrap();
+        assert_eq!(out.len(), 3);
+        assert!(!t.remove(4001).unwrap());
+    }
+    set_current_node(0);
+    t.drain_migrations();
+    let st = t.stats();
+    assert_eq!(t.leaf_node_of(2000).unwrap(), 1, "scanned leaf: {:?}", st.counters);
+    assert_eq!(t.leaf_node_of(4000).unwrap(), 1, "deleting leaf: {:?}", st.counters);
+    assert!(st.counter("migrations").unwrap() >= moved_before + 2, "{:?}", st.counters);
+    t.check().unwrap();
+}

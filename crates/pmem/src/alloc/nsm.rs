@@ -201,7 +201,7 @@ impl Slab {
 #[derive(Debug, Default)]
 struct ThreadCache {
     slabs: Vec<Slab>,
-    /// Node whose free list the round-robin slab tries first.
+    /// Node whose free list the round-robin slab tries first (the one after its last hit).
     rr_cursor: usize,
     /// Bytes of small blocks allocated minus freed through this cache (may be negative when
     /// this thread frees others' blocks; the sum over caches is what counts).
@@ -576,11 +576,13 @@ impl Nsm {
             return self.install_fresh(cache, slab, class, page);
         }
         // Round-robin slab. Freed blocks live in the per-node slabs (a block goes back to the
-        // slab of its node), so reuse them first, starting where the last hit was.
+        // slab of its node), so reuse them first, starting at the node after the last hit:
+        // starting at the last hit itself drained one node's list before touching the next,
+        // so after churn a burst of allocations all landed on one node (issue 36).
         for i in 0..self.nodes {
             let n = (cache.rr_cursor + i) % self.nodes;
             if let Some(p) = cache.slabs[n].free[class].pop() {
-                cache.rr_cursor = n;
+                cache.rr_cursor = (n + 1) % self.nodes;
                 return Ok(p);
             }
         }
@@ -1362,6 +1364,26 @@ mod tests {
                 assert_eq!((p.offset() - info.extent.offset()) % size, 0);
             }
         }
+    }
+
+    /// Issue 36: after churn the round-robin slab reused the free list of the node of its
+    /// last hit until it ran dry, so the blocks a burst of allocations got all sat on one node
+    /// (the node of the last freed block). Reuse now rotates over the nodes' free lists.
+    #[test]
+    fn round_robin_reuse_alternates_nodes() {
+        // 4 KiB pages: 16 blocks of 256 bytes each, so 64 blocks take pages of both nodes.
+        let nsm = Nsm::new(pool(4 << 10), NsmMode::RoundRobin).unwrap();
+        let blocks: Vec<PPtr> = (0..64).map(|_| nsm.alloc(256).unwrap()).collect();
+        for node in 0..2 {
+            assert!(blocks.iter().filter(|p| p.node() == node).count() >= 16, "fresh pages");
+        }
+        for &p in &blocks {
+            // SAFETY: allocated above, freed once, never used.
+            unsafe { nsm.free(p).unwrap() };
+        }
+        let again: Vec<usize> = (0..16).map(|_| nsm.alloc(256).unwrap().node()).collect();
+        let on0 = again.iter().filter(|&&n| n == 0).count();
+        assert!((6..=10).contains(&on0), "reused blocks by node: {again:?}");
     }
 
     #[test]
