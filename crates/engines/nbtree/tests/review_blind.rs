@@ -1,0 +1,82 @@
+//! Blind adversarial review of NBTree's SMO windows (review-nbtree): forced interleavings, each
+//! kept only because it failed on the code it was written against (see each test's doc).
+//!
+//! Like `tests/interleavings.rs`, each test holds the failpoint registry (`Scenario`) from its
+//! first line; threads that must park get names and the points are armed per thread.
+
+use std::sync::Arc;
+
+use numakv_index::{Engine, Index};
+use numakv_nbtree::{NbTree, NbTreeOptions};
+use numakv_pmem::failpoint::{spawn_named, Scenario};
+use numakv_pmem::{CrashOptions, OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
+
+/// A tree of 4-slot leaves in a shadow pool in `dir` (crash simulation), in `mode`.
+fn shadow_tree(dir: &std::path::Path, mode: PersistMode) -> Arc<NbTree> {
+    let mut c = PoolConfig::new(NbTree::engine_id(), 32 << 20);
+    c.mode = mode;
+    c.sim = SimMode::Shadow;
+    let pool = Pool::create(dir, c).unwrap();
+    let opts = NbTreeOptions { leaf_slots: 4, ..Default::default() };
+    Arc::new(NbTree::create(pool, &opts).unwrap())
+}
+
+/// Recovers the store in `dir` after a simulated crash.
+fn reopen(dir: &std::path::Path) -> NbTree {
+    let mut c = OpenConfig::new(NbTree::engine_id());
+    c.sim = SimMode::Shadow;
+    let pool = Pool::open(dir, c).unwrap();
+    let opts = NbTreeOptions { leaf_slots: 4, ..Default::default() };
+    let (t, rep) = NbTree::open(pool, &opts).unwrap();
+    assert!(!rep.was_clean);
+    t
+}
+
+/// The sibling of issue 33's defect 3 through `remove` instead of `get`: a delete D of a
+/// sealed slot removed key 20 in the copy and is parked before mirroring the removal into the
+/// old leaf — the only durable leaf until the SMO's PM link (the SMO is parked in its sync
+/// phase). A second `remove(20)` then completes with `false` ("absent": the copy decides).
+/// A crash there must not bring 20 back: D never completed, so after recovery nothing
+/// justifies the absence the completed remove reported. `get` mirrors the removal before
+/// returning `None` (`mirror_absence`); the redirected delete that finds nothing in the copy
+/// does not.
+#[test]
+fn an_absence_a_remove_reported_from_a_copy_is_durable() {
+    let sc = Scenario::setup();
+    for mode in [PersistMode::Eadr, PersistMode::Adr] {
+        let d = tempfile::tempdir().unwrap();
+        let t = shadow_tree(d.path(), mode);
+        for k in [10, 20, 30, 40] {
+            assert!(t.insert(k, k).unwrap());
+        }
+        let sealed = sc.pause_thread("nbtree.smo.sealed", "smo");
+        let redirected = sc.pause_thread("nbtree.delete.redirected", "deleter");
+        let s = {
+            let t = Arc::clone(&t);
+            spawn_named("smo", move || t.insert(50, 50))
+        };
+        sealed.wait_parked(); // copy published, old leaf sealed, sync pass not run
+        let del = {
+            let t = Arc::clone(&t);
+            spawn_named("deleter", move || t.remove(20))
+        };
+        redirected.wait_parked(); // 20 gone from the copy, still in the old leaf
+        assert!(!t.remove(20).unwrap(), "{mode:?}: the copy decides: 20 is absent");
+        t.pool().crash(CrashOptions::STRICT).unwrap();
+        redirected.release();
+        sealed.release();
+        let _ = (del.join().unwrap(), s.join().unwrap());
+        drop(t);
+        let t = reopen(d.path());
+        assert_eq!(
+            t.get(20).unwrap(),
+            None,
+            "{mode:?}: a key a completed remove reported absent is back after the crash"
+        );
+        for k in [10, 30, 40] {
+            assert_eq!(t.get(k).unwrap(), Some(k));
+        }
+        t.check().unwrap();
+        drop((sealed, redirected));
+    }
+}
