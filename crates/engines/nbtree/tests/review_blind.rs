@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use numakv_index::{Engine, Index};
-use numakv_nbtree::{NbTree, NbTreeOptions};
+use numakv_nbtree::{testing, NbTree, NbTreeOptions};
 use numakv_pmem::failpoint::{spawn_named, Scenario};
 use numakv_pmem::{CrashOptions, OpenConfig, PersistMode, Pool, PoolConfig, SimMode};
 
@@ -79,4 +79,25 @@ fn an_absence_a_remove_reported_from_a_copy_is_durable() {
         t.check().unwrap();
         drop((sealed, redirected));
     }
+}
+
+/// `check()` blind spot: it bounds a leaf's claim counter `num` from above (the slot count)
+/// but not from below. In a leaf whose `num` is below its highest committed slot, the next
+/// insert claims that committed slot: it stores its value over the live entry's, and then —
+/// finding its own (now same-fingerprint) committed slot pending — spins forever in its
+/// duplicate check. `testing::set_leaf_claims` stands in for whatever defect (recovery, a
+/// wrapped counter) leaves the counter there; the check must name the state.
+#[test]
+fn check_sees_a_claim_counter_below_the_committed_slots() {
+    let pool = Pool::volatile(PoolConfig::new(NbTree::engine_id(), 64 << 20)).unwrap();
+    let opts = NbTreeOptions { leaf_slots: 4, ..Default::default() };
+    let t = NbTree::create(pool, &opts).unwrap();
+    assert!(t.insert(10, 1).unwrap()); // slot 0
+    assert!(t.insert(20, 2).unwrap()); // slot 1
+    t.check().unwrap();
+    testing::set_leaf_claims(&t, 10, 1); // slot 1 is committed, but would be claimed again
+    assert!(
+        t.check().is_err(),
+        "check() passed a leaf whose claim counter (1) is below its committed slots (0, 1)"
+    );
 }
