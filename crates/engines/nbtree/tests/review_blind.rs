@@ -43,6 +43,7 @@ fn reopen(dir: &std::path::Path) -> NbTree {
 #[test]
 fn an_absence_a_remove_reported_from_a_copy_is_durable() {
     let sc = Scenario::setup();
+    let mut back = Vec::new();
     for mode in [PersistMode::Eadr, PersistMode::Adr] {
         let d = tempfile::tempdir().unwrap();
         let t = shadow_tree(d.path(), mode);
@@ -68,17 +69,20 @@ fn an_absence_a_remove_reported_from_a_copy_is_durable() {
         let _ = (del.join().unwrap(), s.join().unwrap());
         drop(t);
         let t = reopen(d.path());
-        assert_eq!(
-            t.get(20).unwrap(),
-            None,
-            "{mode:?}: a key a completed remove reported absent is back after the crash"
-        );
+        // Both modes are run before failing, so the report names each one that loses it.
+        if let Some(v) = t.get(20).unwrap() {
+            back.push(format!("{mode:?}: get(20) = {v}"));
+        }
         for k in [10, 30, 40] {
             assert_eq!(t.get(k).unwrap(), Some(k));
         }
         t.check().unwrap();
         drop((sealed, redirected));
     }
+    assert!(
+        back.is_empty(),
+        "a key a completed remove reported absent is back after the crash: {back:?}"
+    );
 }
 
 /// `check()` blind spot: it bounds a leaf's claim counter `num` from above (the slot count)
@@ -100,4 +104,71 @@ fn check_sees_a_claim_counter_below_the_committed_slots() {
         t.check().is_err(),
         "check() passed a leaf whose claim counter (1) is below its committed slots (0, 1)"
     );
+}
+
+/// Windows that held (regression): the same redirected-delete window as
+/// [`an_absence_a_remove_reported_from_a_copy_is_durable`], crossed by the other operations
+/// that can report on key 20 there — an update (reports absent), a scan (omits 20), an insert
+/// (reports inserted) and a read-modify-write (reports absent) — then a crash (both modes).
+/// Each is durable today: the update and the insert help the SMO through its PM link before
+/// they act on the copy, the scan helps it before reading the copy, and `update_with` reads
+/// through `get`'s path, which mirrors the absence. A change that let any of them act on the
+/// copy before the PM link (or skip the mirror) would make this fail.
+#[test]
+fn other_operations_in_a_redirected_delete_window_are_durable() {
+    let sc = Scenario::setup();
+    for mode in [PersistMode::Eadr, PersistMode::Adr] {
+        for op in ["update", "scan", "insert", "update_with"] {
+            let d = tempfile::tempdir().unwrap();
+            let t = shadow_tree(d.path(), mode);
+            for k in [10, 20, 30, 40] {
+                assert!(t.insert(k, k).unwrap());
+            }
+            let sealed = sc.pause_thread("nbtree.smo.sealed", "smo");
+            let redirected = sc.pause_thread("nbtree.delete.redirected", "deleter");
+            let s = {
+                let t = Arc::clone(&t);
+                spawn_named("smo", move || t.insert(50, 50))
+            };
+            sealed.wait_parked();
+            let del = {
+                let t = Arc::clone(&t);
+                spawn_named("deleter", move || t.remove(20))
+            };
+            redirected.wait_parked(); // 20 gone from the copy, still in the old leaf
+            let want = match op {
+                "update" => {
+                    assert!(!t.update(20, 99).unwrap(), "{mode:?}: update sees 20 absent");
+                    None
+                }
+                "scan" => {
+                    let mut out = Vec::new();
+                    t.scan(1, 10, &mut out).unwrap();
+                    assert!(out.iter().all(|e| e.0 != 20), "{mode:?}: scan sees 20 absent");
+                    None
+                }
+                "insert" => {
+                    assert!(t.insert(20, 77).unwrap(), "{mode:?}: insert sees 20 absent");
+                    Some(77)
+                }
+                _ => {
+                    let r = t.update_with(20, &mut |v| Ok(Some(v + 1))).unwrap();
+                    assert_eq!(r, None, "{mode:?}: update_with sees 20 absent");
+                    None
+                }
+            };
+            t.pool().crash(CrashOptions::STRICT).unwrap();
+            redirected.release();
+            sealed.release();
+            let _ = (del.join().unwrap(), s.join().unwrap());
+            drop(t);
+            let t = reopen(d.path());
+            assert_eq!(t.get(20).unwrap(), want, "{mode:?} {op}: what it reported was undone");
+            for k in [10, 30, 40] {
+                assert_eq!(t.get(k).unwrap(), Some(k));
+            }
+            t.check().unwrap();
+            drop((sealed, redirected));
+        }
+    }
 }
