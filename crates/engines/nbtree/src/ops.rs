@@ -533,17 +533,20 @@ impl NbTree {
                     let deleted = self.delete_in(tgt, key, g)?;
                     numakv_pmem::pause_point!("nbtree.delete.redirected");
                     let _acct = account::smo_scope(); // the mirror: the SMO's share
-                    if deleted {
-                        // Mirror into the old leaf, after the copy decided: until the SMO's PM
-                        // link (its durability point) only the old block survives a crash, and
-                        // an acknowledged delete must. Readers and syncers of the old leaf then
-                        // see the key gone, which the copy already shows.
-                        // ORDERING: Release CAS, as every key removal.
-                        let _ =
-                            e.key.compare_exchange(key, 0, Ordering::Release, Ordering::Relaxed);
-                        // PERSIST: the mirrored deletion, before we return.
-                        self.pool.persist_obj(e);
-                    }
+                                                      // Mirror into the old leaf whatever the copy decided: until the SMO's PM
+                                                      // link (its durability point) only the old block survives a crash. When
+                                                      // the copy removed the key here, an acknowledged delete must survive; when
+                                                      // the copy had already lost it (a delete redirected before us, parked
+                                                      // before its own mirror), the absence we report must survive too — as
+                                                      // `mirror_absence` does for a read (review-nbtree). The same holds one
+                                                      // level down: the recursive call above mirrored into `tgt` when `tgt`'s
+                                                      // slot was itself sealed. Readers and syncers of the old leaf then see the
+                                                      // key gone, which the copy already shows.
+                                                      // ORDERING: Release CAS, as every key removal.
+                    let _ = e.key.compare_exchange(key, 0, Ordering::Release, Ordering::Relaxed);
+                    // PERSIST: the mirrored deletion (ours or the absence the copy showed),
+                    // before we return.
+                    self.pool.persist_obj(e);
                     return Ok(deleted);
                 }
                 Some(Err(_)) => return Ok(false),

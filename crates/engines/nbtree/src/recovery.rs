@@ -20,7 +20,7 @@ use numakv_pmem::{PPtr, Pool};
 
 use crate::inner::{leaf_word, Inner, INNER_CAP};
 use crate::layout::{self, fingerprint, Block, Shape, ENGINE, SLOT_CALLOC, SLOT_HEAD, SLOT_META};
-use crate::leaf::{LeafMeta, COMMIT_MASK, FLAG_LIVE, NEXT_TAGS};
+use crate::leaf::{LeafMeta, COMMIT_MASK, FLAG_LIVE, NEXT_TAGS, TAG_BUSY, TAG_SEAL};
 use crate::{LeafAllocator, NbTree, NbTreeOptions};
 
 /// Children per rebuilt inner node (room left for later separators).
@@ -277,10 +277,35 @@ impl NbTree {
             {
                 return bad(format!("leaf {i}: pending inserts or claims past the slot count"));
             }
+            // ORDERING: Relaxed; quiescent.
+            let num = m.num.load(Ordering::Relaxed) as usize;
+            let committed = m.committed();
+            // Every committed slot was claimed: `num` is past the highest one. Below it, the
+            // next insert claims a committed slot again, stores over its value and then waits
+            // forever on its own (same-fingerprint) pending slot (review-nbtree).
+            let top = 64 - committed.leading_zeros() as usize;
+            if num < top {
+                return bad(format!(
+                    "leaf {i}: claim counter {num} below its committed slots (highest {})",
+                    top - 1
+                ));
+            }
+            // The SMO bit is set only by an insert that found no slot left to claim; with no
+            // copy on a quiescent tree, it is an SMO that could not allocate (`OutOfSpace`),
+            // which leaves the full leaf as it was. On a leaf with slots left it is corruption.
+            if m.in_smo() && num < self.slots {
+                return bad(format!("leaf {i}: SMO bit on a leaf with free slots ({num} claimed)"));
+            }
             let blk = self.blk(m.data);
             let mut keys = HashSet::new();
-            let committed = m.committed();
             for s in 0..self.slots {
+                // ORDERING: Relaxed; quiescent.
+                let tag = m.tags[s].load(Ordering::Relaxed);
+                // SEAL marks the old leaf of an SMO in its sync phase (never a live leaf in
+                // the list); BUSY is a one-store section no quiescent tree is inside.
+                if tag & (TAG_SEAL | TAG_BUSY) != 0 {
+                    return bad(format!("leaf {i} slot {s}: tag {tag:#x} (SEAL/BUSY) at rest"));
+                }
                 let k = blk.entry(s).key.load_unaccounted(Ordering::Acquire);
                 if k == 0 {
                     continue;
@@ -400,7 +425,7 @@ mod tests {
     use numakv_index::{Engine, Index};
     use numakv_pmem::{Pool, PoolConfig};
 
-    use crate::leaf::{FLAG_LIVE, NEXT_FROZEN};
+    use crate::leaf::{FLAG_LIVE, NEXT_FROZEN, SMO_BIT, TAG_BUSY, TAG_SEAL};
     use crate::{NbTree, NbTreeOptions};
 
     /// Three inner levels over 4-slot leaves.
@@ -455,6 +480,43 @@ mod tests {
         leaf.next.store((n as usize | NEXT_FROZEN) as *mut _, Ordering::Relaxed);
         fails_with(&t, "tagged next");
         leaf.next.store(n, Ordering::Relaxed);
+        drop(g);
+        t.check().unwrap();
+    }
+
+    /// The leaf states review-nbtree found `check()` blind to: a claim counter below the
+    /// committed slots, a SEAL or BUSY tag left on a live leaf, and an SMO bit on a leaf with
+    /// free slots — each set on one leaf, named by the check, then undone. The SMO bit on a
+    /// *full* leaf with no copy stays accepted: an SMO that could not allocate leaves it so.
+    #[test]
+    fn check_sees_claims_tags_and_smo_bit() {
+        let pool = Pool::volatile(PoolConfig::new(NbTree::engine_id(), 64 << 20)).unwrap();
+        let t =
+            NbTree::create(pool, &NbTreeOptions { leaf_slots: 4, ..Default::default() }).unwrap();
+        for k in [10, 20, 30] {
+            assert!(t.insert(k, k).unwrap());
+        }
+        t.check().unwrap();
+        let g = numakv_pmem::alloc::epoch::pin();
+        let leaf = t.find_leaf(10, &g);
+        assert_eq!(leaf.num.load(Ordering::Relaxed), 3);
+        // A deleted slot stays committed: the counter must stay past it too.
+        assert!(t.remove(30).unwrap());
+        leaf.num.store(2, Ordering::Relaxed);
+        fails_with(&t, "claim counter 2 below its committed slots");
+        leaf.num.store(3, Ordering::Relaxed);
+        t.check().unwrap();
+        for tag in [TAG_SEAL, TAG_BUSY] {
+            leaf.tags[1].fetch_or(tag, Ordering::Relaxed);
+            fails_with(&t, "(SEAL/BUSY) at rest");
+            leaf.tags[1].fetch_and(!tag, Ordering::Relaxed);
+        }
+        t.check().unwrap();
+        leaf.bitmap.fetch_or(SMO_BIT, Ordering::Relaxed);
+        fails_with(&t, "SMO bit on a leaf with free slots");
+        leaf.num.store(4, Ordering::Relaxed); // full: a failed SMO's leftover, accepted
+        t.check().unwrap();
+        leaf.bitmap.fetch_and(!SMO_BIT, Ordering::Relaxed);
         drop(g);
         t.check().unwrap();
     }
