@@ -380,7 +380,9 @@ pub fn dispatch(sh: &Shared, conn: &mut Conn, args: &[&[u8]], out: &mut Out) -> 
             out.ok();
             return Flow::Continue;
         }
-        ("unwatch", _) => {
+        // Inside MULTI, UNWATCH is queued like any other command (Redis): the WATCH stays in
+        // force until EXEC has checked it.
+        ("unwatch", false) => {
             conn.watched.clear();
             out.ok();
             return Flow::Continue;
@@ -493,6 +495,9 @@ fn run(view: &mut View<'_>, conn: &mut Conn, name: &str, a: &[&[u8]], out: &mut 
             _ => out.err("ERR wrong number of arguments for 'ping' command"),
         },
         "echo" => out.bulk(a[0]),
+        // A queued UNWATCH runs inside EXEC, after EXEC checked and dropped the watched keys:
+        // nothing is left to forget (Redis answers OK too).
+        "unwatch" => out.ok(),
         "get" => match view.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.bulk(&conn.scratch),
             Ok(false) => out.null(),
