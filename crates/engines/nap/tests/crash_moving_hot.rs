@@ -60,7 +60,8 @@ fn round(fence: u64, copts: CrashOptions, seed: u64) -> Option<u64> {
         stop.store(true, Ordering::Release);
         p
     });
-    let with_pre = e.stats().counters.iter().find(|c| c.0 == "nap_switches_with_previous").unwrap().1;
+    let with_pre =
+        e.stats().counters.iter().find(|c| c.0 == "nap_switches_with_previous").unwrap().1;
     if !pool.has_crashed() {
         return None;
     }
