@@ -2,7 +2,7 @@
 //! fails on the code it was written against.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use numakv_index::{Engine, Index};
 use numakv_nstore::layout::{meta_word, Op, AUX_LOG, FILE_MAGIC, GEOMETRY_FIXED};
@@ -91,7 +91,56 @@ fn a_forged_header_in_a_byte_value_validates_after_a_crash_in_new_file() {
     let mut failures = Vec::new();
     for mode in [PersistMode::Adr, PersistMode::Eadr] {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store");
+        let (path, opts, k1) = forge_then_crash_in_new_file(dir.path(), mode, 60);
+        let mut oc = OpenConfig::new(NStore::engine_id());
+        oc.sim = SimMode::Shadow;
+        let (s, rep) = NStore::open(Pool::open(&path, oc).unwrap(), &opts).unwrap();
+        let got1 = s.get(k1).unwrap();
+        let ghost = s.get(424_242).unwrap();
+        if (got1, ghost) != (Some(1), None) {
+            failures.push(format!(
+                "{mode:?}: a forged header in a byte value became a log file at open \
+                 (acknowledged upsert({k1}, 1) reads {got1:?}, never-written key 424242 reads \
+                 {ghost:?}); check() says {:?}; recovery: {rep:?}",
+                s.check().map(|r| r.entries)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The same schedule with a forged header whose id is above the node's id high-water mark
+/// (65 here): open refuses the whole store as corrupted — one client value, put and deleted
+/// before a power failure, makes the store unopenable.
+#[test]
+fn a_forged_header_in_a_byte_value_makes_the_store_unopenable_after_a_crash() {
+    let mut failures = Vec::new();
+    for mode in [PersistMode::Adr, PersistMode::Eadr] {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, opts, k1) = forge_then_crash_in_new_file(dir.path(), mode, 1000);
+        let mut oc = OpenConfig::new(NStore::engine_id());
+        oc.sim = SimMode::Shadow;
+        match NStore::open(Pool::open(&path, oc).unwrap(), &opts) {
+            Ok((s, _)) => assert_eq!(s.get(k1).unwrap(), Some(1), "{mode:?}"),
+            Err(e) => failures.push(format!(
+                "{mode:?}: open after the crash fails: {e} (the store held only \
+                 acknowledged writes and a deleted byte value)"
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The schedule of the two tests above, up to the power failure; returns the pool path, the
+/// options and K1 (acknowledged `upsert(K1, 1)`; the forged entries say K1 → 666 and
+/// 424242 → 777).
+fn forge_then_crash_in_new_file(
+    dir: &Path,
+    mode: PersistMode,
+    forged_id: u32,
+) -> (PathBuf, NStoreOptions, u64) {
+    {
+        let path = dir.join("store");
         let mut cfg = PoolConfig::new(NStore::engine_id(), 4 << 20);
         cfg.page_size = 4096;
         cfg.mode = mode;
@@ -108,7 +157,6 @@ fn a_forged_header_in_a_byte_value_validates_after_a_crash_in_new_file() {
         let s = NStore::create(pool.clone(), &opts).unwrap();
         let k1 = (1u64..).find(|&k| cluster_of(hash(k), 2) == 0).unwrap();
         let k2 = (1u64..).find(|&k| cluster_of(hash(k), 2) == 1).unwrap();
-        let forged_id = 60u32; // below the id high-water mark (1 + 64), never used here
         let mut n = 0u32;
         let mut garbage: Vec<Vec<u8>> = Vec::new();
         // V1: live keys, until a put creates V2 (that put is V2's first entry).
@@ -193,18 +241,6 @@ fn a_forged_header_in_a_byte_value_validates_after_a_crash_in_new_file() {
         drop(sc);
         drop(s);
         drop(pool);
-        let mut oc = OpenConfig::new(NStore::engine_id());
-        oc.sim = SimMode::Shadow;
-        let (s, rep) = NStore::open(Pool::open(&path, oc).unwrap(), &opts).unwrap();
-        let got1 = s.get(k1).unwrap();
-        let ghost = s.get(424_242).unwrap();
-        if (got1, ghost) != (Some(1), None) {
-            failures.push(format!(
-                "{mode:?}: a forged header in a byte value became a log file at open \
-                 (acknowledged upsert({k1}, 1) reads {got1:?}, never-written key 424242 reads \
-                 {ghost:?}); recovery: {rep:?}"
-            ));
-        }
+        (path, opts, k1)
     }
-    assert!(failures.is_empty(), "{failures:#?}");
 }
