@@ -97,6 +97,9 @@ fn any_bytes_at_a_new_extents_start_never_validate_as_a_file() {
         for var in [false, true] {
             for forged_id in [Some(0), Some(1), Some(5000), None] {
                 let ctx = format!("{mode:?} var {var} forged id {forged_id:?}");
+                // Held for the whole round: a point armed by another test of this binary would
+                // otherwise meet this round's file allocations (and the reverse).
+                let sc = Scenario::setup();
                 let dir = tempfile::tempdir().unwrap();
                 let path = dir.path().join("store");
                 let o = opts();
@@ -106,7 +109,6 @@ fn any_bytes_at_a_new_extents_start_never_validate_as_a_file() {
                 s.upsert(1, 1).unwrap();
                 s.put_bytes(b"a", b"acked").unwrap();
                 let before = extents(&pool, AUX_LOG);
-                let sc = Scenario::setup();
                 let crash = {
                     let pool = Arc::clone(&pool);
                     let once = std::sync::atomic::AtomicBool::new(false);
@@ -180,6 +182,7 @@ fn fill_until_new_file(s: &NStore, put: impl Fn(u64) -> Result<(), Error>) -> Op
 #[test]
 fn a_new_file_over_a_freed_snapshot_crashing_before_its_header_is_freed() {
     for mode in [PersistMode::Adr, PersistMode::Eadr] {
+        let sc = Scenario::setup(); // serial with the other tests' armed points
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store");
         let o = opts();
@@ -217,7 +220,6 @@ fn a_new_file_over_a_freed_snapshot_crashing_before_its_header_is_freed() {
         // Crash in the first new file that starts inside the freed snapshot extent.
         let before = std::sync::Mutex::new(extents(&pool, AUX_LOG));
         let crashed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let sc = Scenario::setup();
         let crash = {
             let pool = Arc::clone(&pool);
             let crashed = Arc::clone(&crashed);
@@ -264,6 +266,7 @@ fn a_new_file_over_a_freed_snapshot_crashing_before_its_header_is_freed() {
 /// file the table holds.
 #[test]
 fn check_reports_a_header_not_keyed_with_the_secret() {
+    let _serial = Scenario::setup(); // no other test's armed point meets this one's writes
     let dir = tempfile::tempdir().unwrap();
     let o = opts();
     let s = common::create(&dir.path().join("store"), PersistMode::Adr, SimMode::Direct, &o);
@@ -288,6 +291,7 @@ fn check_reports_a_header_not_keyed_with_the_secret() {
 /// `Unsupported`, naming the format, not opened with forgeable headers or called corrupted.
 #[test]
 fn a_store_of_the_previous_format_is_refused_with_a_clear_error() {
+    let _serial = Scenario::setup(); // no other test's armed point meets this one's writes
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
     let o = opts();

@@ -140,6 +140,9 @@ fn forge_then_crash_in_new_file(
     forged_id: u32,
 ) -> (PathBuf, NStoreOptions, u64) {
     {
+        // Held for the whole schedule: a point the other test of this binary arms would
+        // otherwise meet this schedule's file allocations (and crash the other test's pool).
+        let sc = Scenario::setup();
         let path = dir.join("store");
         let mut cfg = PoolConfig::new(NStore::engine_id(), 4 << 20);
         cfg.page_size = 4096;
@@ -222,7 +225,6 @@ fn forge_then_crash_in_new_file(
         // K1's first fixed file takes V2's first 16 pages.
         s.upsert(k1, 1).unwrap();
         assert_eq!(log_extents(&pool).get(&v2), Some(&16), "{mode:?}: K1's file reuses V2");
-        let sc = Scenario::setup();
         let crash = {
             let pool = pool.clone();
             sc.call("nstore.new_file.allocated", move || {
