@@ -3,8 +3,8 @@
 //! (`nstore.new_file.allocated`), and a crash comes. Whatever the extent's first bytes are —
 //! a forged header with the best checksum a client can compute (crc32, or anything else not
 //! keyed with the node's secret), for a fixed-size or a variable-length file, with the next id
-//! or one above the id mark, followed by entries stamped with it; or the stale bytes of a freed
-//! clean-shutdown snapshot — recovery must not read them as a file, must free the extent (no
+//! or one above the id mark, followed by entries stamped with it; or a client's byte key, shaped
+//! the same way, in the stale bytes of a freed clean-shutdown snapshot — recovery must not read them as a file, must free the extent (no
 //! leak), and the store must open with exactly its acknowledged writes. Also: `check()` tells a
 //! header not keyed with the secret, and a store of the previous format (meta page "NSTMETA1")
 //! is refused with a clear error.
@@ -172,93 +172,135 @@ fn fill_until_new_file(s: &NStore, put: impl Fn(u64) -> Result<(), Error>) -> Op
 }
 
 /// The snapshot neighbour: a clean close writes the index (byte keys verbatim) into a snapshot
-/// extent; the next open loads it and frees it without zeroing. New files then take its pages;
-/// a crash between such a file's allocation and its header leaves snapshot bytes — client key
-/// bytes shaped as crc32 file headers, at every 8-byte phase — where the header belongs. The
-/// store opens with its acknowledged writes and frees the extent. (Where the page boundary falls
-/// in the key bytes decides whether a forged header lies exactly there; the keyed checksum
-/// makes that irrelevant, and `any_bytes_at_a_new_extents_start_never_validate_as_a_file`
-/// plants one deterministically.)
+/// extent; the next open loads it and frees it without zeroing. New files then take its pages.
+/// A first run (no crash) finds the first new file that starts strictly inside the freed
+/// snapshot and which key's bytes lie at its start (every key word is a marker naming its key
+/// and word); the second run, identical but for those words of that key — now a crc32 file
+/// header with the id that file gets, and two entries stamped with it — crashes between that
+/// file's allocation and its header. The store must open with its acknowledged writes, free the
+/// extent (`orphan_extents_freed` 1), and hold no forged key.
 #[test]
-fn a_new_file_over_a_freed_snapshot_crashing_before_its_header_is_freed() {
+fn a_header_shaped_key_in_a_freed_snapshot_never_validates_as_a_file() {
     for mode in [PersistMode::Adr, PersistMode::Eadr] {
-        let sc = Scenario::setup(); // serial with the other tests' armed points
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store");
-        let o = opts();
-        let s = common::create(&path, mode, SimMode::Shadow, &o);
-        // Byte keys full of forged headers (fixed-size, ids 1..=8) at every 8-byte phase mod 64,
-        // enough of them for a snapshot of more than one file's pages.
-        let mut keys = Vec::new();
-        for phase in 0..8u64 {
-            let mut ws = vec![0u64; phase as usize];
-            for id in 1..=8u32 {
-                ws.extend(forged_file(id, 16 << 12, false)[..8].iter().copied());
-            }
-            let key: Vec<u8> = ws.iter().flat_map(|w| w.to_le_bytes()).collect();
-            for n in 0..32u8 {
-                let mut k = key.clone();
-                k.push(n);
-                s.put_bytes(&k, b"v").unwrap();
-                keys.push(k);
+        let dry = snapshot_schedule(mode, None);
+        let Found::Dry { key, word, id, pages } = dry else { unreachable!() };
+        let Found::Crashed = snapshot_schedule(mode, Some((key, word, id, pages))) else {
+            unreachable!()
+        };
+    }
+}
+
+enum Found {
+    /// The first run: key `key`'s word `word` lies at the start of the file, which got id `id`
+    /// and has `pages` pages.
+    Dry { key: usize, word: usize, id: u32, pages: u64 },
+    /// The second run crashed there, reopened and checked.
+    Crashed,
+}
+
+const SNAP_KEYS: usize = 64;
+const KEY_WORDS: usize = 250;
+const MARK: u64 = 0xF0F0 << 48;
+
+/// The schedule of the snapshot test; `plant`: (key, word, id, pages) of the forgery.
+fn snapshot_schedule(mode: PersistMode, plant: Option<(usize, usize, u32, u64)>) -> Found {
+    let sc = Scenario::setup(); // serial with the other tests' armed points
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let o = opts();
+    let s = common::create(&path, mode, SimMode::Shadow, &o);
+    let mut keys = Vec::new();
+    for i in 0..SNAP_KEYS {
+        // Word 0: the index, big-endian (the snapshot lists keys in byte order); then markers.
+        let mut ws: Vec<u64> = vec![u64::from_le_bytes((i as u64).to_be_bytes())];
+        ws.extend((1..KEY_WORDS).map(|j| MARK | (i as u64) << 16 | j as u64));
+        if let Some((k, w, id, pages)) = plant {
+            if k == i {
+                let f = forged_file(id, pages * 4096, false);
+                ws[w..w + f.len()].copy_from_slice(&f);
             }
         }
-        s.upsert(1, 1).unwrap();
-        s.close().unwrap();
-        let pool = {
-            let mut oc = numakv_pmem::OpenConfig::new(NStore::engine_id());
-            oc.sim = SimMode::Shadow;
-            Pool::open(&path, oc).unwrap()
-        };
-        let snap = extents(&pool, AUX_SNAPSHOT);
-        assert_eq!(snap.len(), 1, "{mode:?}: one snapshot extent");
-        let (sbase, spages) = *snap.iter().next().unwrap();
-        let send = sbase + spages * pool.page_size();
-        let (s, rep) = NStore::open(Arc::clone(&pool), &o).unwrap();
-        assert_eq!(common::counter(&rep.counters, "from_snapshot"), 1, "{mode:?}: {rep:?}");
-        assert!(extents(&pool, AUX_SNAPSHOT).is_empty(), "{mode:?}: snapshot freed at open");
-        // Crash in the first new file that starts inside the freed snapshot extent.
-        let before = std::sync::Mutex::new(extents(&pool, AUX_LOG));
-        let crashed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let crash = {
-            let pool = Arc::clone(&pool);
-            let crashed = Arc::clone(&crashed);
-            sc.call("nstore.new_file.allocated", move || {
-                let now = extents(&pool, AUX_LOG);
-                let mut b = before.lock().unwrap();
-                let hit = now.difference(&b).any(|&(p, _)| p > sbase && p < send);
-                *b = now;
-                if hit && !crashed.swap(true, Ordering::SeqCst) {
+        let key: Vec<u8> = ws.iter().flat_map(|w| w.to_le_bytes()).collect();
+        s.put_bytes(&key, b"v").unwrap();
+        keys.push(key);
+    }
+    s.upsert(1, 1).unwrap();
+    s.close().unwrap();
+    let pool = {
+        let mut oc = numakv_pmem::OpenConfig::new(NStore::engine_id());
+        oc.sim = SimMode::Shadow;
+        Pool::open(&path, oc).unwrap()
+    };
+    let snap = extents(&pool, AUX_SNAPSHOT);
+    assert_eq!(snap.len(), 1, "{mode:?}: one snapshot extent");
+    let (sbase, spages) = *snap.iter().next().unwrap();
+    let send = sbase + spages * pool.page_size();
+    let (s, rep) = NStore::open(Arc::clone(&pool), &o).unwrap();
+    assert_eq!(common::counter(&rep.counters, "from_snapshot"), 1, "{mode:?}: {rep:?}");
+    assert!(extents(&pool, AUX_SNAPSHOT).is_empty(), "{mode:?}: snapshot freed at open");
+    // The first new file that starts strictly inside the freed snapshot extent: its start and
+    // pages, and the word there (still the snapshot's: the point precedes the zeroing).
+    let before = std::sync::Mutex::new(extents(&pool, AUX_LOG));
+    let hit = Arc::new(std::sync::Mutex::new(None::<(u64, u64, u64)>));
+    let crash = {
+        let pool = Arc::clone(&pool);
+        let hit = Arc::clone(&hit);
+        sc.call("nstore.new_file.allocated", move || {
+            let now = extents(&pool, AUX_LOG);
+            let mut b = before.lock().unwrap();
+            let new = now.difference(&b).find(|&&(p, _)| p > sbase && p < send).copied();
+            *b = now;
+            let mut h = hit.lock().unwrap();
+            if let (Some((p, pages)), None) = (new, *h) {
+                let w: &PmU64 = pool.get(PPtr::from_raw(p)).unwrap();
+                *h = Some((p, pages, w.load(Ordering::Acquire)));
+                if plant.is_some() {
                     pool.crash(CrashOptions::STRICT).unwrap();
                 }
-            })
-        };
-        let mut model = Vec::new();
-        for i in 1u64.. {
-            assert!(i < 200_000, "{mode:?}: no new file started inside the snapshot's pages");
-            let r = s.upsert(1000 + i, i);
-            if crashed.load(Ordering::SeqCst) {
-                break; // this write's file never got its header: the power failed
             }
-            r.unwrap();
-            model.push((1000 + i, i));
+        })
+    };
+    let mut model = Vec::new();
+    for i in 1u64.. {
+        assert!(i < 200_000, "{mode:?}: no new file started inside the snapshot's pages");
+        let r = s.upsert(1000 + i, i);
+        if plant.is_some() && hit.lock().unwrap().is_some() {
+            break; // this write's file never got its header: the power failed
         }
-        drop(crash);
-        drop(sc);
-        drop(s);
-        drop(pool);
-        let (s, _, c) = common::open(&path, SimMode::Shadow, &o);
-        assert_eq!(common::counter(&c, "orphan_extents_freed"), 1, "{mode:?}: {c:?}");
-        assert_eq!(s.get(1).unwrap(), Some(1), "{mode:?}");
-        for &(k, v) in &model {
-            assert_eq!(s.get(k).unwrap(), Some(v), "{mode:?}: acknowledged upsert({k}, {v})");
+        r.unwrap();
+        model.push((1000 + i, i));
+        if hit.lock().unwrap().is_some() {
+            break;
         }
-        for k in &keys {
-            assert_eq!(s.get_bytes(k).unwrap(), Some(b"v".to_vec()), "{mode:?}");
-        }
-        let r = s.check().unwrap();
-        assert_eq!(r.reachable_blocks, r.allocated_blocks, "{mode:?}: leak {r:?}");
     }
+    drop(crash);
+    let (p, pages, w) = hit.lock().unwrap().unwrap();
+    if plant.is_none() {
+        // The dry run: which key word lies at the file's start, and the file's id.
+        assert_eq!(w >> 48, MARK >> 48, "{mode:?}: the file starts at a key's marker words");
+        let (key, word) = (((w >> 16) & 0xffff) as usize, (w & 0xffff) as usize);
+        assert!(word + 18 <= KEY_WORDS, "{mode:?}: the forgery would not fit key {key}");
+        let h: &PmU64 = pool.get(PPtr::from_raw(p + 8)).unwrap();
+        let id = h.load(Ordering::Acquire) as u32;
+        return Found::Dry { key, word, id, pages };
+    }
+    assert_eq!(w, FILE_MAGIC, "{mode:?}: the planted header lies at the new file's start");
+    drop(sc);
+    drop(s);
+    drop(pool);
+    let (s, _, c) = common::open(&path, SimMode::Shadow, &o);
+    assert_eq!(common::counter(&c, "orphan_extents_freed"), 1, "{mode:?}: {c:?}");
+    assert_eq!(s.get(1).unwrap(), Some(1), "{mode:?}: acknowledged upsert(1, 1)");
+    assert_eq!(s.get(424_242).unwrap(), None, "{mode:?}: a key never written");
+    for &(k, v) in &model {
+        assert_eq!(s.get(k).unwrap(), Some(v), "{mode:?}: acknowledged upsert({k}, {v})");
+    }
+    for k in &keys {
+        assert_eq!(s.get_bytes(k).unwrap(), Some(b"v".to_vec()), "{mode:?}");
+    }
+    let r = s.check().unwrap();
+    assert_eq!(r.reachable_blocks, r.allocated_blocks, "{mode:?}: leak {r:?}");
+    Found::Crashed
 }
 
 /// `check()` tells a file header that is well formed but not keyed with the node's secret (what
