@@ -737,7 +737,9 @@ impl Engine for NStore {
     type Options = NStoreOptions;
 
     const NAME: &'static str = "nstore";
-    const FORMAT_VERSION: u32 = 1;
+    // 2: node meta pages "NSTMETA2" with a secret keying every file header's checksum (1: crc32
+    // headers, which client bytes can forge; refused by the pool header's engine version).
+    const FORMAT_VERSION: u32 = 2;
 
     fn create(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<NStore> {
         opts.validate()?;
