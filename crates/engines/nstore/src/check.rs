@@ -92,8 +92,9 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
     let files = inner.nlog.all_files();
     for f in &files {
         let h: &FileHeader = pool.get(f.base)?;
-        let info =
-            FileInfo::read(h).map_err(|e| layout::corrupted(format!("file {}: {e}", f.info.id)))?;
+        let secret = inner.nlog.secrets[f.info.node];
+        let info = FileInfo::read(h, secret)
+            .map_err(|e| layout::corrupted(format!("file {}: {e}", f.info.id)))?;
         if info != f.info {
             return Err(layout::corrupted(format!("file {}: header changed", f.info.id)));
         }

@@ -15,7 +15,7 @@
 //!     24     8  cluster   hash cluster, < clusters
 //!     32     8  size      bytes of the extent
 //!     40     8  geometry  k_len | v_len << 16 of the fixed-size entries of this file
-//!     48     8  checksum  crc32 of bytes 0..48
+//!     48     8  checksum  keyed 64-bit hash of bytes 0..48 under the node's secret
 //!     56     8  reserved  0
 //!     64  40·n  entries   n = (size - 64) / ENTRY_SIZE slots
 //! ```
@@ -39,7 +39,9 @@
 //! became durable. A new file is zeroed (durably, before its header) because the stamp alone does
 //! not reject stale bytes: stale *entries* carry their file's different id, but the pages may
 //! also hold client values shaped as entries stamped with the (predictable) id of the next file
-//! (docs/design.md, "NStore", Nlog files).
+//! (docs/design.md, "NStore", Nlog files). The header itself is keyed: its checksum mixes in the
+//! node's random secret ([`NodeMeta::secret`]), which only the engine knows, so stale or client
+//! bytes where a new file's header is not yet durable never validate as a header.
 
 use std::sync::atomic::Ordering;
 
@@ -339,7 +341,7 @@ pub struct FileHeader {
     pub size: PmU64,
     /// `k_len | v_len << 16`.
     pub geometry: PmU64,
-    /// crc32 of the six words above.
+    /// [`header_checksum`] of the six words above under the node's secret.
     pub checksum: PmU64,
     /// 0.
     pub reserved: PmU64,
@@ -392,28 +394,23 @@ impl FileInfo {
         ]
     }
 
-    fn checksum(words: &[u64; 6]) -> u64 {
-        let mut h = crc32fast::Hasher::new();
-        for w in words {
-            h.update(&w.to_le_bytes());
-        }
-        u64::from(h.finalize())
-    }
-
-    /// Writes the header (not persisted).
-    pub fn write(&self, h: &FileHeader) {
+    /// Writes the header (not persisted), keyed with `secret`, the node's
+    /// [`NodeMeta::secret`].
+    pub fn write(&self, h: &FileHeader, secret: u64) {
         let w = self.words();
         for (slot, v) in
             [&h.magic, &h.file_id, &h.node, &h.cluster, &h.size, &h.geometry].into_iter().zip(w)
         {
             slot.store(v, Ordering::Relaxed);
         }
-        h.checksum.store(Self::checksum(&w), Ordering::Relaxed);
+        h.checksum.store(header_checksum(&w, secret), Ordering::Relaxed);
         h.reserved.store(0, Ordering::Relaxed);
     }
 
-    /// Reads and validates a header; `Err` names what is wrong.
-    pub fn read(h: &FileHeader) -> Result<FileInfo, String> {
+    /// Reads and validates a header written under `secret` (the node's [`NodeMeta::secret`]);
+    /// `Err` names what is wrong. Bytes not written by [`FileInfo::write`] with this secret
+    /// fail the checksum (but for a chance of 2^-64).
+    pub fn read(h: &FileHeader, secret: u64) -> Result<FileInfo, String> {
         let w = [
             h.magic.load(Ordering::Acquire),
             h.file_id.load(Ordering::Acquire),
@@ -425,8 +422,8 @@ impl FileInfo {
         if w[0] != FILE_MAGIC {
             return Err("bad file magic".into());
         }
-        if h.checksum.load(Ordering::Acquire) != Self::checksum(&w) {
-            return Err("file header checksum mismatch".into());
+        if h.checksum.load(Ordering::Acquire) != header_checksum(&w, secret) {
+            return Err("file header checksum mismatch (not written by this store)".into());
         }
         if w[5] != GEOMETRY_FIXED && w[5] != GEOMETRY_VAR {
             return Err(format!("unsupported entry geometry {:#x}", w[5]));
@@ -446,12 +443,37 @@ impl FileInfo {
     }
 }
 
+/// The keyed checksum of a file header's six words under `secret`: a chain of splitmix64
+/// finalisers (bijections of 64 bits) over `secret` and the words, finalised with `secret`
+/// again. For fixed words the result is a bijection of the secret, so for a uniformly random
+/// secret it is uniformly distributed: bytes not written by the engine — stale pages, client
+/// values, snapshot keys — match it with probability 2^-64, and nothing the engine exposes
+/// (no API returns a header or a checksum) tells a client anything about the secret. It is not
+/// a MAC against a reader of the pool file; it need not be: whoever reads the pool file can
+/// write it too.
+pub fn header_checksum(words: &[u64; 6], secret: u64) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    let mut h = mix(secret ^ 0x4e53_4c4f_4748_4452); // "NSLOGHDR"
+    for &w in words {
+        h = mix(h.wrapping_add(0x9E37_79B9_7F4A_7C15) ^ w);
+    }
+    mix(h ^ secret.rotate_left(32))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Node meta page
 // ---------------------------------------------------------------------------------------------
 
-/// "NSTMETA1"
-pub const META_MAGIC: u64 = u64::from_le_bytes(*b"NSTMETA1");
+/// "NSTMETA2": a meta page with a [`NodeMeta::secret`] (files' headers keyed with it).
+pub const META_MAGIC: u64 = u64::from_le_bytes(*b"NSTMETA2");
+/// "NSTMETA1": the meta page of the previous format, whose file headers carry a crc32 anyone
+/// can compute (a client's byte value could be read as a header after a crash). Open refuses
+/// such a store with [`Error::Unsupported`] naming the format.
+pub const META_MAGIC_V1: u64 = u64::from_le_bytes(*b"NSTMETA1");
 
 /// The per-node meta page (one page-heap page on every node, aux [`AUX_META`]).
 #[repr(C)]
@@ -465,10 +487,24 @@ pub struct NodeMeta {
     /// persisted) in batches before an id at or above it is handed out, so ids — which are the
     /// entries' stamps — are never reused, even after a crash that lost the newest files.
     pub id_hwm: PmU64,
+    /// A random non-zero word drawn at create, never changed, never exposed: the key of every
+    /// file header's checksum on this node ([`header_checksum`]). Written and persisted with
+    /// the page, before the format word makes the store exist.
+    pub secret: PmU64,
 }
 
-// SAFETY: three PM words; validated on read.
+// SAFETY: four PM words; validated on read.
 unsafe impl PmType for NodeMeta {}
+
+/// A fresh random secret for a node meta page: non-zero, from the thread's OS-seeded CSPRNG.
+pub(crate) fn new_secret() -> u64 {
+    loop {
+        let s: u64 = rand::random();
+        if s != 0 {
+            return s;
+        }
+    }
+}
 
 /// How far the id high-water mark is raised at a time.
 pub const ID_BATCH: u32 = 64;
@@ -544,6 +580,38 @@ mod tests {
         assert_eq!(decode_var_size(var_size_word(9, 3), 3), Some(9));
         assert_eq!(decode_var_size(var_size_word(9, 3), 2), None);
         assert_eq!(decode_var_size(0, 3), None);
+    }
+
+    #[test]
+    fn headers_validate_only_under_their_secret() {
+        let info = FileInfo { id: 3, node: 0, cluster: 1, size: 4096, var: false };
+        let h = FileHeader {
+            magic: PmU64::new(0),
+            file_id: PmU64::new(0),
+            node: PmU64::new(0),
+            cluster: PmU64::new(0),
+            size: PmU64::new(0),
+            geometry: PmU64::new(0),
+            checksum: PmU64::new(0),
+            reserved: PmU64::new(0),
+        };
+        info.write(&h, 0x1234_5678_9abc_def1);
+        assert_eq!(FileInfo::read(&h, 0x1234_5678_9abc_def1), Ok(info));
+        assert!(FileInfo::read(&h, 0x1234_5678_9abc_def0).is_err(), "another store's secret");
+        // The previous format's checksum (crc32 of the six words) no longer validates.
+        let mut c = crc32fast::Hasher::new();
+        for w in info.words() {
+            c.update(&w.to_le_bytes());
+        }
+        h.checksum.store(u64::from(c.finalize()), Ordering::Relaxed);
+        assert!(FileInfo::read(&h, 0x1234_5678_9abc_def1).is_err(), "crc32 forgery");
+        // Every word enters the checksum.
+        let w = info.words();
+        for i in 0..6 {
+            let mut v = w;
+            v[i] ^= 1;
+            assert_ne!(header_checksum(&v, 7), header_checksum(&w, 7), "word {i}");
+        }
     }
 
     #[test]

@@ -737,7 +737,9 @@ impl Engine for NStore {
     type Options = NStoreOptions;
 
     const NAME: &'static str = "nstore";
-    const FORMAT_VERSION: u32 = 1;
+    // 2: node meta pages "NSTMETA2" with a secret keying every file header's checksum (1: crc32
+    // headers, which client bytes can forge; refused by the pool header's engine version).
+    const FORMAT_VERSION: u32 = 2;
 
     fn create(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<NStore> {
         opts.validate()?;
@@ -773,10 +775,13 @@ impl Engine for NStore {
             let m: &NodeMeta = pool.get(p)?;
             m.node.store(node as u64, Ordering::Relaxed);
             m.id_hwm.store(1, Ordering::Relaxed);
+            let secret = layout::new_secret();
+            m.secret.store(secret, Ordering::Relaxed);
             m.magic.store(META_MAGIC, Ordering::Relaxed);
-            // PERSIST: the meta page is complete before the format word makes the store exist.
+            // PERSIST: the meta page — its secret included — is complete before the format
+            // word makes the store exist, hence before any file header keyed with the secret.
             pool.persist_obj(m);
-            metas.push((p, 1));
+            metas.push((p, 1, secret));
         }
         format.store(layout::format_word(opts.clusters, file_pages), Ordering::Release);
         // PERSIST: the format word is the commit point of create; a crash before it leaves a

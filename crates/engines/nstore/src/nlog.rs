@@ -273,16 +273,18 @@ pub(crate) struct Nlog {
     versions: Box<[CachePadded<AtomicU64>]>,
     /// Files allocated this session.
     pub files_created: AtomicU64,
+    /// Per node: the secret keying its file headers' checksums (`NodeMeta::secret`).
+    pub secrets: Vec<u64>,
 }
 
 impl Nlog {
     /// An empty log over `pool`, with the node meta pages at `metas` and the id high-water marks
-    /// read from them.
+    /// and header secrets read from them.
     pub(crate) fn new(
         pool: Arc<Pool>,
         clusters: u32,
         file_pages: u32,
-        metas: Vec<(PPtr, u32)>,
+        metas: Vec<(PPtr, u32, u64)>,
     ) -> Nlog {
         let nodes = pool.nodes();
         let first = first_pages(pool.page_size(), file_pages);
@@ -297,9 +299,10 @@ impl Nlog {
             actives: (0..nodes * clusters as usize * 2)
                 .map(|_| CachePadded::new(Mutex::new(Active { file: None, next_pages: first })))
                 .collect(),
+            secrets: metas.iter().map(|m| m.2).collect(),
             ids: metas
                 .into_iter()
-                .map(|(meta, hwm)| Mutex::new(IdAlloc { next: hwm.max(1), hwm, meta }))
+                .map(|(meta, hwm, _)| Mutex::new(IdAlloc { next: hwm.max(1), hwm, meta }))
                 .collect(),
             versions: (0..clusters).map(|_| CachePadded::new(AtomicU64::new(1))).collect(),
             files_created: AtomicU64::new(0),
@@ -467,10 +470,12 @@ impl Nlog {
         }
         let info = FileInfo { id, node, cluster, size, var };
         let h: &FileHeader = self.pool.get(base)?;
-        info.write(h);
+        info.write(h, self.secrets[node]);
         // PERSIST: the header is durable before any entry of the file can be (entries are
         // written after this returns, by this or later threads, each persisted after it); a
-        // crash before this point leaves an extent without a valid header, which recovery frees.
+        // crash before this point leaves an extent without a valid header, which recovery frees:
+        // whatever bytes the extent holds at its start (a freed file's invalidated header, a
+        // client's value, a snapshot's key bytes) fail the checksum keyed with the node's secret.
         self.pool.persist_obj(h);
         self.files_created.fetch_add(1, Ordering::Relaxed);
         let f = Arc::new(LogFile::new(info, base, 0, false));

@@ -25,7 +25,7 @@ use numakv_pmem::{PPtr, Pool};
 
 use crate::layout::{
     self, decode_format, decode_meta, FileHeader, FileInfo, NodeMeta, Op, VAddr, AUX_LOG, AUX_META,
-    AUX_SNAPSHOT, META_MAGIC, OWNER_ENGINE, SLOT_FORMAT, SLOT_SNAPSHOT,
+    AUX_SNAPSHOT, META_MAGIC, META_MAGIC_V1, OWNER_ENGINE, SLOT_FORMAT, SLOT_SNAPSHOT,
 };
 use crate::nlog::{LogFile, Nlog};
 use crate::vindex::{SccBytesIndex, SccIndex, VolatileBytesIndex, VolatileIndex};
@@ -63,37 +63,53 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, Rec
         return Err(layout::corrupted(format!("{nodes} nodes, nstore addresses 64")));
     }
 
-    // Step 2: the file table.
-    let mut metas = vec![None; nodes];
+    // Step 2: the file table. Each node's meta page first (its secret keys the headers), then
+    // its log and snapshot extents.
+    let mut metas: Vec<(PPtr, u32, u64)> = Vec::with_capacity(nodes);
     let mut found: Vec<(FileInfo, PPtr)> = Vec::new();
     let mut snapshots = Vec::new();
     let mut orphans = 0u64;
-    for (node, meta) in metas.iter_mut().enumerate() {
-        for x in pool.extents(node)? {
-            if x.owner != OWNER_ENGINE {
-                continue;
+    for node in 0..nodes {
+        let extents = pool.extents(node)?;
+        let mut meta = None;
+        for x in extents.iter().filter(|x| x.owner == OWNER_ENGINE && x.aux == AUX_META) {
+            let m: &NodeMeta = pool.get(x.ptr)?;
+            let magic = m.magic.load(Ordering::Acquire);
+            if magic == META_MAGIC_V1 {
+                return Err(Error::Unsupported(format!(
+                    "node {node}: this nstore was created by an earlier format (meta page \
+                     \"NSTMETA1\": file headers checked by a plain crc32, which a client's \
+                     stored bytes can forge after a crash); this build opens only \"NSTMETA2\" \
+                     stores, whose headers are keyed with a per-node secret — export the data \
+                     with the earlier build and load it into a new store"
+                )));
             }
+            if magic != META_MAGIC || m.node.load(Ordering::Acquire) != node as u64 {
+                return Err(layout::corrupted(format!("node {node}: bad meta page")));
+            }
+            let hwm = m.id_hwm.load(Ordering::Acquire);
+            let hwm = u32::try_from(hwm)
+                .ok()
+                .filter(|h| (1..=layout::MAX_FILE_ID + 1).contains(h))
+                .ok_or_else(|| layout::corrupted(format!("node {node}: id mark {hwm}")))?;
+            let secret = m.secret.load(Ordering::Acquire);
+            if secret == 0 {
+                return Err(layout::corrupted(format!("node {node}: meta page without secret")));
+            }
+            if meta.replace((x.ptr, hwm, secret)).is_some() {
+                return Err(layout::corrupted(format!("node {node}: two meta pages")));
+            }
+        }
+        let Some(meta) = meta else {
+            return Err(layout::corrupted(format!("node {node}: no meta page")));
+        };
+        for x in extents.iter().filter(|x| x.owner == OWNER_ENGINE) {
             match x.aux {
-                AUX_META => {
-                    let m: &NodeMeta = pool.get(x.ptr)?;
-                    if m.magic.load(Ordering::Acquire) != META_MAGIC
-                        || m.node.load(Ordering::Acquire) != node as u64
-                    {
-                        return Err(layout::corrupted(format!("node {node}: bad meta page")));
-                    }
-                    let hwm = m.id_hwm.load(Ordering::Acquire);
-                    let hwm = u32::try_from(hwm)
-                        .ok()
-                        .filter(|h| (1..=layout::MAX_FILE_ID + 1).contains(h))
-                        .ok_or_else(|| layout::corrupted(format!("node {node}: id mark {hwm}")))?;
-                    if meta.replace((x.ptr, hwm)).is_some() {
-                        return Err(layout::corrupted(format!("node {node}: two meta pages")));
-                    }
-                }
+                AUX_META => {}
                 AUX_LOG => {
                     let h: &FileHeader = pool.get(x.ptr)?;
                     let size = x.pages * pool.page_size();
-                    match FileInfo::read(h) {
+                    match FileInfo::read(h, meta.2) {
                         Ok(i)
                             if i.node == node
                                 && i.cluster < clusters
@@ -103,9 +119,11 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, Rec
                             found.push((i, x.ptr))
                         }
                         // Allocated, but the header never became durable (crash in
-                        // Nlog::new_file): no entry can be valid in it. (Its pages may hold the
-                        // header of a file freed before; it does not validate, since every free
-                        // invalidates the header first, and this free does so too.)
+                        // Nlog::new_file): no entry can be valid in it. Whatever its first
+                        // bytes are — the invalidated header of a file freed there before, a
+                        // client's byte value, a snapshot's key bytes — they do not validate:
+                        // the checksum is keyed with the node's secret, which only the engine
+                        // knows (docs/design.md, "NStore", Nlog files). Freed, not leaked.
                         _ => {
                             crate::nlog::free_file_extent(&pool, x.ptr)?;
                             orphans += 1;
@@ -120,12 +138,8 @@ pub(crate) fn open(pool: Arc<Pool>, opts: &NStoreOptions) -> Result<(NStore, Rec
                 }
             }
         }
+        metas.push(meta);
     }
-    let metas: Vec<(PPtr, u32)> = metas
-        .into_iter()
-        .enumerate()
-        .map(|(n, m)| m.ok_or_else(|| layout::corrupted(format!("node {n}: no meta page"))))
-        .collect::<Result<_>>()?;
     let mut ids = HashSet::new();
     for (i, _) in &found {
         if i.id >= metas[i.node].1 || !ids.insert((i.node, i.id)) {
