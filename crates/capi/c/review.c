@@ -21,6 +21,11 @@
  *   raw-fork         a child made by the fork system call without glibc's fork() wrapper (so
  *                    no pthread_atfork handler runs; e.g. syscall(SYS_fork), or clone(2)
  *                    without CLONE_VM): the handle is still another process's
+ *   dtor-abandon     numakv_abandon / numakv_iter_free (the store's last reference) and
+ *                    numakv_close from a pthread key destructor of a thread that used the
+ *                    library: a status, no panic, no abort
+ *   atexit-close     a store used by the main thread and closed from an atexit() handler (run
+ *                    by exit() after the main thread's thread locals are destroyed): closed
  *   abandon-iter     numakv_abandon with a scan iterator open: "as far as the store is
  *                    concerned, the process crashed (the next open recovers)"
  */
@@ -946,6 +951,102 @@ static void raw_fork(const char *dir) {
     finish("raw-fork");
 }
 
+/* ---------------------------------------------------------------------------------------- */
+
+static numakv_store *ASTORE;
+static numakv_iter *AITER;
+static pthread_key_t AKEY;
+static volatile int RC_ABANDON = 12345, RC_ITER_FREE = 12345, RC_CLOSE = 12345;
+static volatile int AMODE = 0;
+
+static void abandon_dtor(void *arg) {
+    (void)arg;
+    if (AMODE == 0) {
+        RC_ABANDON = numakv_abandon(ASTORE);
+    } else if (AMODE == 1) {
+        RC_ITER_FREE = numakv_iter_free(AITER); /* the last reference: the store goes */
+    } else {
+        RC_CLOSE = numakv_close(ASTORE);
+    }
+}
+
+static void *abandon_thread(void *arg) {
+    (void)arg;
+    CHECK(numakv_put(ASTORE, 9, 9)); /* the thread's numakv state exists */
+    EXPECT(pthread_setspecific(AKEY, (void *)1) == 0);
+    return NULL;
+}
+
+static void dtor_abandon(const char *dir) {
+    EXPECT(pthread_key_create(&AKEY, abandon_dtor) == 0);
+    pthread_t t;
+    char d[4096];
+    /* 0: abandon from the destructor. */
+    snprintf(d, sizeof d, "%s-0", dir);
+    CHECK(numakv_create(d, ENGINE, OPTS, &ASTORE));
+    AMODE = 0;
+    EXPECT(pthread_create(&t, NULL, abandon_thread, NULL) == 0);
+    EXPECT(pthread_join(t, NULL) == 0);
+    printf("abandon from a key destructor -> %d\n", RC_ABANDON);
+    if (RC_ABANDON != NUMAKV_OK && RC_ABANDON != NUMAKV_ERR_OTHER) {
+        fprintf(stderr, "abandon from a key destructor -> %d (want OK, or OTHER and the handle "
+                "kept)\n", RC_ABANDON);
+        failures++;
+    }
+    if (RC_ABANDON == NUMAKV_ERR_OTHER) CHECK(numakv_abandon(ASTORE));
+    /* 1: abandon here with an iterator open, then the iterator freed from the destructor. */
+    snprintf(d, sizeof d, "%s-1", dir);
+    CHECK(numakv_create(d, ENGINE, OPTS, &ASTORE));
+    CHECK(numakv_put(ASTORE, 1, 1));
+    CHECK(numakv_scan(ASTORE, 1, &AITER));
+    AMODE = 1;
+    EXPECT(pthread_create(&t, NULL, abandon_thread, NULL) == 0);
+    /* (the thread's put happens before the abandon: join order below) */
+    EXPECT(pthread_join(t, NULL) == 0);
+    printf("iter_free (last reference) from a key destructor -> %d\n", RC_ITER_FREE);
+    if (RC_ITER_FREE != NUMAKV_OK && RC_ITER_FREE != NUMAKV_ERR_OTHER) {
+        fprintf(stderr, "iter_free from a key destructor -> %d: want OK or OTHER\n",
+                RC_ITER_FREE);
+        failures++;
+    }
+    if (RC_ITER_FREE == NUMAKV_ERR_OTHER) CHECK(numakv_iter_free(AITER));
+    CHECK(numakv_close(ASTORE));
+    /* 2: close from the destructor: OTHER, handle kept (the header's rule). */
+    snprintf(d, sizeof d, "%s-2", dir);
+    CHECK(numakv_create(d, ENGINE, OPTS, &ASTORE));
+    AMODE = 2;
+    EXPECT(pthread_create(&t, NULL, abandon_thread, NULL) == 0);
+    EXPECT(pthread_join(t, NULL) == 0);
+    printf("close from a key destructor -> %d\n", RC_CLOSE);
+    if (RC_CLOSE != NUMAKV_OK && RC_CLOSE != NUMAKV_ERR_OTHER) {
+        fprintf(stderr, "close from a key destructor -> %d: want OK or OTHER\n", RC_CLOSE);
+        failures++;
+    }
+    if (RC_CLOSE == NUMAKV_ERR_OTHER) CHECK(numakv_close(ASTORE));
+    finish("dtor-abandon");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static numakv_store *XSTORE;
+
+static void close_at_exit(void) {
+    int rc = numakv_close(XSTORE);
+    if (rc != NUMAKV_OK) {
+        fprintf(stderr, "numakv_close from an atexit handler -> %d: %s\n", rc,
+                numakv_last_error());
+        _exit(1);
+    }
+    printf("atexit-close: ok\n");
+}
+
+static void atexit_close(const char *dir) {
+    CHECK(numakv_create(dir, ENGINE, OPTS, &XSTORE));
+    CHECK(numakv_put(XSTORE, 1, 1));
+    EXPECT(atexit(close_at_exit) == 0);
+    exit(0); /* as returning from main does */
+}
+
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 5) {
         fprintf(stderr, "usage: %s SCENARIO DIR [ENGINE OPTIONS]\n", argv[0]);
@@ -972,6 +1073,8 @@ int main(int argc, char **argv) {
     else if (strcmp(what, "batch-partial") == 0) batch_partial(dir);
     else if (strcmp(what, "abandon-iter") == 0) abandon_iter(dir);
     else if (strcmp(what, "raw-fork") == 0) raw_fork(dir);
+    else if (strcmp(what, "atexit-close") == 0) atexit_close(dir);
+    else if (strcmp(what, "dtor-abandon") == 0) dtor_abandon(dir);
     else {
         fprintf(stderr, "unknown scenario %s\n", what);
         return 2;

@@ -415,3 +415,13 @@ fn review_abandon_with_an_open_iterator_lets_the_next_open_recover() {
 fn review_a_child_of_the_raw_fork_system_call_is_refused_too() {
     review("raw-fork", false);
 }
+
+#[test]
+fn review_abandon_and_iter_free_from_a_thread_exit_destructor_do_not_abort() {
+    review("dtor-abandon", true);
+}
+
+#[test]
+fn review_a_store_closes_from_an_atexit_handler() {
+    review("atexit-close", true);
+}
