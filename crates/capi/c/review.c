@@ -26,6 +26,9 @@
  *                    library: a status, no panic, no abort
  *   atexit-close     a store used by the main thread and closed from an atexit() handler (run
  *                    by exit() after the main thread's thread locals are destroyed): closed
+ *   many-threads     1100 threads alive at once each make a call (the header sets no limit on
+ *                    "many threads at once"): each call succeeds, or at least is refused
+ *                    with a message that names the real cause
  *   abandon-iter     numakv_abandon with a scan iterator open: "as far as the store is
  *                    concerned, the process crashed (the next open recovers)"
  */
@@ -1047,6 +1050,51 @@ static void atexit_close(const char *dir) {
     exit(0); /* as returning from main does */
 }
 
+/* ---------------------------------------------------------------------------------------- */
+
+#define MANY 1100
+static numakv_store *MSTORE;
+static pthread_barrier_t MBARRIER;
+static int MRC[MANY];
+static char MMSG[MANY][200];
+
+static void *many_thread(void *arg) {
+    size_t i = (size_t)arg;
+    MRC[i] = numakv_put(MSTORE, (uint64_t)i + 1, (uint64_t)i);
+    snprintf(MMSG[i], sizeof MMSG[i], "%s", numakv_last_error());
+    pthread_barrier_wait(&MBARRIER); /* every thread alive until all have called */
+    return NULL;
+}
+
+static void many_threads(const char *dir) {
+    CHECK(numakv_create(dir, ENGINE, OPTS, &MSTORE));
+    EXPECT(pthread_barrier_init(&MBARRIER, NULL, MANY + 1) == 0);
+    pthread_attr_t attr;
+    EXPECT(pthread_attr_init(&attr) == 0);
+    EXPECT(pthread_attr_setstacksize(&attr, 256 << 10) == 0);
+    static pthread_t th[MANY];
+    for (size_t i = 0; i < MANY; i++)
+        EXPECT(pthread_create(&th[i], &attr, many_thread, (void *)i) == 0);
+    pthread_barrier_wait(&MBARRIER);
+    for (size_t i = 0; i < MANY; i++) EXPECT(pthread_join(th[i], NULL) == 0);
+    int ok = 0, first_bad = -1;
+    for (int i = 0; i < MANY; i++) {
+        if (MRC[i] == NUMAKV_OK) ok++;
+        else if (first_bad < 0) first_bad = i;
+    }
+    printf("%d of %d concurrent threads' puts succeeded\n", ok, MANY);
+    if (first_bad >= 0) {
+        fprintf(stderr, "thread %d: numakv_put -> %d: %s\n", first_bad, MRC[first_bad],
+                MMSG[first_bad]);
+        failures++;
+    }
+    uint64_t entries = 0;
+    CHECK(numakv_check(MSTORE, &entries));
+    EXPECT(entries == (uint64_t)ok);
+    CHECK(numakv_close(MSTORE));
+    finish("many-threads");
+}
+
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 5) {
         fprintf(stderr, "usage: %s SCENARIO DIR [ENGINE OPTIONS]\n", argv[0]);
@@ -1074,6 +1122,7 @@ int main(int argc, char **argv) {
     else if (strcmp(what, "abandon-iter") == 0) abandon_iter(dir);
     else if (strcmp(what, "raw-fork") == 0) raw_fork(dir);
     else if (strcmp(what, "atexit-close") == 0) atexit_close(dir);
+    else if (strcmp(what, "many-threads") == 0) many_threads(dir);
     else if (strcmp(what, "dtor-abandon") == 0) dtor_abandon(dir);
     else {
         fprintf(stderr, "unknown scenario %s\n", what);

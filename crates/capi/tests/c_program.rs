@@ -425,3 +425,8 @@ fn review_abandon_and_iter_free_from_a_thread_exit_destructor_do_not_abort() {
 fn review_a_store_closes_from_an_atexit_handler() {
     review("atexit-close", true);
 }
+
+#[test]
+fn review_more_than_a_thousand_threads_at_once_can_use_a_handle() {
+    review("many-threads", false);
+}
