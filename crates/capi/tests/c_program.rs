@@ -352,58 +352,8 @@ fn review_a_scan_refused_for_a_null_iterator_output_does_not_keep_the_store_busy
 }
 
 #[test]
-fn review_reserved_and_empty_keys_are_invalid_for_every_call() {
-    review("reserved-keys", false);
-}
-
-#[test]
-fn review_max_size_keys_and_values_round_trip_and_one_more_byte_is_too_large() {
-    review("limits", true);
-}
-
-#[test]
-fn review_scans_longer_than_one_internal_batch_see_every_pair() {
-    review("long-scan", true);
-}
-
-#[test]
-fn review_a_batch_too_big_for_the_store_writes_nothing() {
-    review("batch-rollback", true);
-}
-
-#[test]
-fn review_a_batch_with_a_failed_precondition_or_bad_arguments_writes_nothing() {
-    review("batch-invalid", false);
-}
-
-#[test]
-fn review_every_entry_point_is_refused_in_a_fork_child() {
-    review("fork-all", false);
-}
-
-#[test]
-fn review_first_calls_from_thread_exit_destructors_do_not_crash() {
-    review("dtor-first-call", true);
-}
-
-#[test]
-fn review_a_thread_on_node_1_can_use_a_one_node_store() {
-    review("node-other-store", true);
-}
-
-#[test]
-fn review_close_with_an_open_iterator_is_busy_and_both_stay_usable() {
-    review("close-busy", false);
-}
-
-#[test]
 fn review_a_node_count_far_out_of_range_is_refused_not_an_abort() {
     review("huge-nodes", false);
-}
-
-#[test]
-fn review_batches_failing_part_way_in_a_nearly_full_store_leave_it_as_it_was() {
-    review("batch-partial", false);
 }
 
 #[test]
