@@ -15,6 +15,8 @@
  *   many-threads     1100 threads alive at once each make a call (the header sets no limit on
  *                    "many threads at once"): each call succeeds, or at least is refused
  *                    with a message that names the real cause
+ *   dtor-tid-leak    1100 threads one after another whose only numakv call is made from a
+ *                    pthread key destructor (thread exit); then a plain thread's call: OK
  *   abandon-iter     numakv_abandon with a scan iterator open: "as far as the store is
  *                    concerned, the process crashed (the next open recovers)"
  */
@@ -332,6 +334,62 @@ static void many_threads(const char *dir) {
     finish("many-threads");
 }
 
+/* ---------------------------------------------------------------------------------------- */
+
+static numakv_store *LSTORE;
+static pthread_key_t LKEY;
+static volatile int LRC = 12345;
+static char LMSG[300];
+
+static void leak_dtor(void *arg) {
+    (void)arg;
+    LRC = numakv_put(LSTORE, 5, 5);
+    snprintf(LMSG, sizeof LMSG, "%s", numakv_last_error());
+}
+
+static void *leak_thread(void *arg) {
+    (void)arg;
+    EXPECT(pthread_setspecific(LKEY, (void *)1) == 0);
+    return NULL;
+}
+
+static void *plain_thread(void *arg) {
+    (void)arg;
+    LRC = numakv_put(LSTORE, 6, 6);
+    snprintf(LMSG, sizeof LMSG, "%s", numakv_last_error());
+    return NULL;
+}
+
+static void dtor_tid_leak(const char *dir) {
+    CHECK(numakv_create(dir, ENGINE, OPTS, &LSTORE));
+    EXPECT(pthread_key_create(&LKEY, leak_dtor) == 0);
+    pthread_t t;
+    int first_bad = -1, bad_rc = 0;
+    char bad_msg[300] = "";
+    for (int i = 0; i < 1100; i++) {
+        EXPECT(pthread_create(&t, NULL, leak_thread, NULL) == 0);
+        EXPECT(pthread_join(t, NULL) == 0);
+        if (LRC != NUMAKV_OK && first_bad < 0) {
+            first_bad = i;
+            bad_rc = LRC;
+            snprintf(bad_msg, sizeof bad_msg, "%s", LMSG);
+        }
+    }
+    if (first_bad >= 0) {
+        fprintf(stderr, "exiting thread %d: put from its key destructor -> %d: %s\n", first_bad,
+                bad_rc, bad_msg);
+        failures++;
+    }
+    EXPECT(pthread_create(&t, NULL, plain_thread, NULL) == 0);
+    EXPECT(pthread_join(t, NULL) == 0);
+    if (LRC != NUMAKV_OK) {
+        fprintf(stderr, "afterwards, a plain thread's put -> %d: %s\n", LRC, LMSG);
+        failures++;
+    }
+    CHECK(numakv_close(LSTORE));
+    finish("dtor-tid-leak");
+}
+
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 5) {
         fprintf(stderr, "usage: %s SCENARIO DIR [ENGINE OPTIONS]\n", argv[0]);
@@ -350,6 +408,7 @@ int main(int argc, char **argv) {
     else if (strcmp(what, "raw-fork") == 0) raw_fork(dir);
     else if (strcmp(what, "atexit-close") == 0) atexit_close(dir);
     else if (strcmp(what, "many-threads") == 0) many_threads(dir);
+    else if (strcmp(what, "dtor-tid-leak") == 0) dtor_tid_leak(dir);
     else if (strcmp(what, "dtor-abandon") == 0) dtor_abandon(dir);
     else {
         fprintf(stderr, "unknown scenario %s\n", what);

@@ -380,3 +380,8 @@ fn review_a_store_closes_from_an_atexit_handler() {
 fn review_more_than_a_thousand_threads_at_once_can_use_a_handle() {
     review("many-threads", false);
 }
+
+#[test]
+fn review_threads_whose_first_call_is_in_a_key_destructor_do_not_leak_thread_ids() {
+    review("dtor-tid-leak", false);
+}
