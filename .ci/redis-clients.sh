@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Real Redis clients against `numakv serve` (issue 23): redis-cli commands, redis-benchmark, a
 # SIGKILL after acknowledged writes, SIGTERM, and three servers behind nutcracker (twemproxy).
+# Issue 37: multi-key writes all or nothing (bad keys, a full store), SIGKILLs under pipelined
+# MSETs and DELs with ten restarts, another program's write after a crash, and redis-py
+# transactions (pipeline(transaction=True), WATCH retry loops) compared with redis-server.
 # Every missing tool and every unexpected reply FAILS the script; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail() { echo "redis-clients: FAIL: $*" >&2; exit 1; }
-for tool in redis-cli redis-benchmark redis-server nutcracker; do
+for tool in redis-cli redis-benchmark redis-server nutcracker python3; do
     command -v "$tool" >/dev/null || fail "$tool is not installed (apt-get install redis-tools redis-server nutcracker)"
 done
+python3 -c 'import redis' 2>/dev/null || fail "redis-py is not installed (python3 -m pip install redis)"
 
 cargo build --release -q -p numakv-cli --bin numakv
 NUMAKV=$PWD/target/release/numakv
@@ -26,6 +30,9 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # start NAME ENGINE PORT: numakv serve on a bytes store in $work/NAME (created if new).
 start() {
+    # Removed here, not by the redirection below: that runs in the background job, and a
+    # restart could otherwise find the previous run's "listening on" line before it truncates.
+    rm -f "$work/$1.log"
     "$NUMAKV" serve "$work/$1" --create --engine "$2" --capacity 256M --bind "127.0.0.1:$3" \
         --threads 2 >"$work/$1.log" 2>&1 &
     last_pid=$!
@@ -74,6 +81,38 @@ expect "ERR SET EX is not supported: numakv keys do not expire" "${R[@]}" set k 
 expect OK "${R[@]}" flushdb
 expect 0 "${R[@]}" dbsize
 
+echo "== multi-key writes are all or nothing (redis-cli)"
+long=$(printf 'k%.0s' $(seq 1 1025))
+"${R[@]}" mset m1 1 m2 2 "$long" 3 m4 4 | grep -q "^ERR" || fail "MSET with a 1025-byte key was accepted"
+"${R[@]}" mset m1 1 m2 2 "" 3 m4 4 | grep -q "^ERR" || fail "MSET with an empty key was accepted"
+"${R[@]}" msetnx m1 1 "$long" 2 | grep -q "^ERR" || fail "MSETNX with a 1025-byte key was accepted"
+expect 0 "${R[@]}" dbsize
+expect OK "${R[@]}" mset m1 1 m2 2
+"${R[@]}" del m1 "" m2 | grep -q "^ERR" || fail "DEL with an empty key was accepted"
+expect 2 "${R[@]}" exists m1 m2
+expect 0 "${R[@]}" msetnx m3 3 m1 9
+expect 0 "${R[@]}" exists m3
+expect 1 "${R[@]}" msetnx m3 3 m5 5
+expect 4 "${R[@]}" del m1 m2 m3 m5 m1 nope
+printf 'MULTI\nSET t 1\nINCR t\nGET t\nEXEC\n' | "${R[@]}" >"$work/multi.out" 2>&1
+expect $'OK\nQUEUED\nQUEUED\nQUEUED\nOK\n2\n2' cat "$work/multi.out"
+printf 'MULTI\nSET u 1\nSET u\nEXEC\nEXISTS u\n' | "${R[@]}" >"$work/abort.out" 2>&1
+grep -q "^EXECABORT Transaction discarded because of previous errors" "$work/abort.out" \
+    || { cat "$work/abort.out"; fail "a queued syntax error did not abort EXEC"; }
+[ "$(tail -1 "$work/abort.out")" = 0 ] || fail "an aborted EXEC wrote u"
+expect OK "${R[@]}" flushdb
+
+echo "== transactions: redis-py against redis-server and numakv serve"
+rport=$(free_port)
+redis-server --port "$rport" --save '' --appendonly no >"$work/redis-server.log" 2>&1 &
+pids+=("$!")
+for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+python3 .ci/redis_py_transactions.py "$rport" >"$work/py-redis.out" || fail "redis-py against redis-server"
+python3 .ci/redis_py_transactions.py "$port" >"$work/py-numakv.out" || fail "redis-py against numakv serve"
+cat "$work/py-numakv.out"
+diff "$work/py-redis.out" "$work/py-numakv.out" || fail "redis-py transactions differ from redis-server's"
+expect 0 "${R[@]}" dbsize
+
 echo "== redis-cli -3 (RESP3 after HELLO 3)"
 R3=(redis-cli -3 -p "$port")
 "${R3[@]}" hello 3 | grep -qx 'proto 3' || fail "HELLO 3 does not answer proto 3"
@@ -107,6 +146,73 @@ keys=$(for i in $(seq 1 $n); do printf 'ack:%05d ' "$i"; done)
 want=$(for i in $(seq 1 $n); do echo "v$i"; done)
 # shellcheck disable=SC2086
 expect "$want" "${R[@]}" mget $keys
+
+echo "== SIGKILL while redis-cli pipelines MSETs and DELs: 10 restarts, no partial write"
+# Groups of 8 keys, each MSET writing one value to a whole group; MSETs the store refuses
+# (1025-byte key, empty key) in between; DELs of whole groups.
+python3 - "$work/msets.txt" <<'PY'
+import sys
+def resp(*args):
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a.encode() if isinstance(a, str) else a
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    return out
+with open(sys.argv[1], "wb") as f:
+    for i in range(1, 3001):
+        g = i % 5
+        f.write(resp("MSET", *[x for j in range(8) for x in (f"g{g}:{j}", str(i))]))
+        f.write(resp("MSET", f"bad:{i}", "1", "k" * 1025, "2"))
+        f.write(resp("MSET", f"bad2:{i}", "1", "", "2"))
+        if i % 7 == 0:
+            f.write(resp("DEL", *[f"g{g}:{j}" for j in range(8)]))
+PY
+for round in $(seq 1 10); do
+    "${R[@]}" --pipe <"$work/msets.txt" >"$work/pipe-$round.out" 2>&1 &
+    piper=$!
+    # Kill while the pipe is in flight (how far it got differs per round; any point must do).
+    for _ in $(seq 1 $((round * 3))); do
+        [ "$("${R[@]}" exists g1:0 2>/dev/null)" = 1 ] && break
+        sleep 0.01
+    done
+    kill -9 "$main_pid"; wait "$main_pid" 2>/dev/null || true
+    wait "$piper" 2>/dev/null || true
+    start main fastfair "$port"   # fails the script if the store does not reopen
+    main_pid=$last_pid
+    for g in 0 1 2 3 4; do
+        vals=$("${R[@]}" mget "g$g:0" "g$g:1" "g$g:2" "g$g:3" "g$g:4" "g$g:5" "g$g:6" "g$g:7" | sort -u | wc -l)
+        [ "$vals" -eq 1 ] || fail "round $round: group g$g is partial: $("${R[@]}" mget "g$g:0" "g$g:1" "g$g:7" | tr '\n' ' ')"
+    done
+    [ -z "$("${R[@]}" --scan --pattern 'bad*')" ] || fail "round $round: a refused MSET wrote a key"
+done
+echo "10 of 10 restarts after SIGKILL; every group whole"
+
+echo "== a write by another program after a crash is never overwritten"
+expect OK "${R[@]}" mset a 1 b 2
+kill -9 "$main_pid"; wait "$main_pid" 2>/dev/null || true
+"$NUMAKV" del "$work/main" a >"$work/del.out" 2>&1 || { cat "$work/del.out"; fail "numakv del after the crash"; }
+start main fastfair "$port"
+main_pid=$last_pid
+"${R[@]}" ping >/dev/null 2>&1 || { cat "$work/main.log"; fail "numakv serve does not answer after the restart"; }
+expect "" "${R[@]}" get a
+expect 2 "${R[@]}" get b
+
+echo "== a full store: MSET writes nothing and answers an error"
+fport=$(free_port)
+"$NUMAKV" serve "$work/full" --create --engine fastfair --capacity 8M --bind "127.0.0.1:$fport" \
+    --threads 1 >"$work/full.log" 2>&1 &
+pids+=("$!")
+F=(redis-cli -p "$fport")
+for _ in $(seq 1 200); do "${F[@]}" ping >/dev/null 2>&1 && break; sleep 0.05; done
+big=$(head -c 8192 /dev/zero | tr '\0' v)
+for i in $(seq 1 2000); do printf 'SET fill:%05d %s\r\n' "$i" "$big"; done >"$work/fill.txt"
+"${F[@]}" <"$work/fill.txt" >"$work/fill.out" 2>&1 || true
+grep -q "out of persistent memory" "$work/fill.out" || fail "the small store never filled"
+before=$("${F[@]}" dbsize)
+"${F[@]}" mset new:1 "$big" new:2 "$big" new:3 "$big" new:4 "$big" new:5 "$big" new:6 "$big" \
+    new:7 "$big" new:8 "$big" | grep -q "out of persistent memory" || fail "MSET in a full store did not fail"
+expect "$before" "${F[@]}" dbsize
+[ -z "$("${F[@]}" --scan --pattern 'new:*')" ] || fail "a failed MSET in a full store wrote a key"
 
 echo "== SIGTERM closes the store cleanly"
 kill -TERM "$main_pid"

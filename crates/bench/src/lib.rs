@@ -37,6 +37,7 @@ pub mod report;
 pub mod repro;
 mod repro_bytes;
 mod repro_f3tree;
+pub mod repro_fastfair;
 mod repro_nap;
 mod repro_nobtree;
 pub mod repro_nstore;

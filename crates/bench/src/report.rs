@@ -119,6 +119,52 @@ pub struct RunResult {
     /// `Index::stats`; JSON only (the CSV has fixed columns).
     #[serde(default)]
     pub counters: std::collections::BTreeMap<String, u64>,
+    /// Bytes of the pools' working memory backed by transparent huge pages at the end of the
+    /// timed phase (`/proc/self/smaps`; 0 with 0 resident when the run had no pool); `None`
+    /// where smaps cannot be read. JSON only.
+    #[serde(default)]
+    pub pool_huge_bytes: Option<u64>,
+    /// Resident bytes of the pools' working memory at the same moment. JSON only.
+    #[serde(default)]
+    pub pool_resident_bytes: Option<u64>,
+}
+
+impl Report {
+    /// One line on the page size the pools got over all runs (issue 40: pools ask for
+    /// transparent huge pages, the kernel decides), e.g. `pool pages: 4 KiB (no huge pages
+    /// granted; ...)`; `None` when no run measured it.
+    pub fn pool_pages_note(&self) -> Option<String> {
+        let (mut huge, mut resident) = (0u64, 0u64);
+        let mut measured = false;
+        for r in &self.runs {
+            if let (Some(h), Some(res)) = (r.pool_huge_bytes, r.pool_resident_bytes) {
+                if res > 0 {
+                    measured = true;
+                    huge += h;
+                    resident += res;
+                }
+            }
+        }
+        if !measured {
+            return None;
+        }
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        Some(if huge == 0 {
+            format!(
+                "pool pages: 4 KiB (no transparent huge pages granted over {:.0} MiB resident; \
+                 the pools ask for them with MADV_HUGEPAGE: see \
+                 /sys/kernel/mm/transparent_hugepage/ and the tmpfs huge= mount option)",
+                mib(resident)
+            )
+        } else {
+            format!(
+                "pool pages: 2 MiB for {:.0} of {:.0} MiB resident ({:.0}%), 4 KiB for the rest",
+                mib(huge),
+                mib(resident),
+                100.0 * huge as f64 / resident as f64
+            )
+        })
+    }
 }
 
 /// A run that did not produce a result.

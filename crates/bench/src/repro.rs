@@ -131,6 +131,11 @@ pub const REPROS: &[ReproInfo] = &[
         source: "issue 23; papers/nbtree.txt §VI-I (the trees inside Redis)",
     },
     ReproInfo {
+        name: "fastfair-original",
+        title: "the original FAST_FAIR's benchmark: insert half the keys, search them, insert the rest (Mops/s)",
+        source: "DICL/FAST_FAIR concurrent/src/test.cpp (issue 40)",
+    },
+    ReproInfo {
         name: "recovery",
         title: "recovery time after a crash versus key count",
         source:
@@ -166,6 +171,9 @@ pub struct ReproOptions {
     pub threads: Option<usize>,
     /// `redis`: the servers and `redis-benchmark`'s knobs.
     pub redis: crate::repro_redis::RedisOptions,
+    /// `fastfair-original`: the original's key file (`-i`), one integer per line; `None`:
+    /// random keys from the seed.
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for ReproOptions {
@@ -180,6 +188,7 @@ impl Default for ReproOptions {
             scratch: None,
             threads: None,
             redis: crate::repro_redis::RedisOptions::default(),
+            key_file: None,
         }
     }
 }
@@ -231,6 +240,7 @@ pub fn run(
         "nap-shift" => crate::repro_nap::shift(opts)?,
         "value-size" => crate::repro_bytes::value_size(targets, opts, progress)?,
         "redis" => crate::repro_redis::redis(opts)?,
+        "fastfair-original" => crate::repro_fastfair::original(targets, opts, progress)?,
         _ => {
             return Err(BenchError::UnknownRepro {
                 name,

@@ -994,6 +994,9 @@ fn run_one(
     }
     let index = shared.index;
     let stats = index.stats();
+    // Which pages the pools got (issue 40): they ask for transparent huge pages; the kernel's
+    // settings decide. Over every pool of the process, i.e. this run's (runs are sequential).
+    let pool_pages = numakv_pmem::huge_pages_in_pools();
     if config.check {
         index.check()?;
     }
@@ -1101,6 +1104,8 @@ fn run_one(
         recover_ms,
         seed: config.seed,
         counters: stats.counters.iter().map(|&(k, v)| (k.to_owned(), v)).collect(),
+        pool_huge_bytes: pool_pages.map(|p| p.0),
+        pool_resident_bytes: pool_pages.map(|p| p.1),
     })
 }
 

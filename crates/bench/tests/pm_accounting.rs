@@ -210,3 +210,52 @@ fn without_accounting_nothing_is_counted() {
     ];
     assert_eq!(figures, [None; 14]);
 }
+
+// Accounting must count exactly what it counted before it was made cheap (issue 40): every PM
+// figure of `numakv repro pm-lines` (scale 0.2, seed 42) equals the one recorded on the code
+// before the change (`tests/data/pm_lines_before_issue40.json`; figures that differ between
+// runs of that code, e.g. a background thread's share, are not in the file).
+//
+// An engine change that legitimately changes what an operation touches updates the file in
+// the same commit, and says why.
+
+#[test]
+fn pm_lines_figures_equal_the_recorded_ones() {
+    use numakv_bench::repro::{self, ReproOptions};
+    use serde_json::Value;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let golden: Value =
+        serde_json::from_str(include_str!("data/pm_lines_before_issue40.json")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ReproOptions {
+        out_dir: dir.path().to_path_buf(),
+        scale: 0.2,
+        seed: 42,
+        quiet: true,
+        ..ReproOptions::default()
+    };
+    let targets = numakv_bench::engines::select(&["default".to_owned()]).unwrap();
+    let out = repro::run("pm-lines", &targets, &opts, Progress::Hidden).unwrap();
+    assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
+    let measured: Value = serde_json::from_str(&out.report.to_json().unwrap()).unwrap();
+    let runs = measured["runs"].as_array().unwrap();
+    let mut compared = 0;
+    let mut wrong = Vec::new();
+    for g in golden["runs"].as_array().unwrap() {
+        let (engine, workload) = (g["engine"].as_str().unwrap(), g["workload"].as_str().unwrap());
+        let run = runs
+            .iter()
+            .find(|r| r["engine"] == engine && r["workload"] == workload)
+            .unwrap_or_else(|| panic!("no {engine} {workload} run in the measurement"));
+        for (field, want) in g["figures"].as_object().unwrap() {
+            let (want, got) = (want.as_f64().unwrap(), run[field].as_f64().unwrap());
+            compared += 1;
+            if (want - got).abs() > 1e-9 {
+                wrong.push(format!("{engine} {workload} {field}: recorded {want}, now {got}"));
+            }
+        }
+    }
+    assert!(compared > 250, "only {compared} figures compared");
+    assert!(wrong.is_empty(), "PM figures changed:\n{}", wrong.join("\n"));
+}

@@ -320,11 +320,12 @@ impl<E: Index> Bytes<E> {
         for (&key, &new) in &last {
             entries.push(Entry { key, new, old: ByteMapExt::get_value(self, key)? });
         }
+        let had: BTreeMap<&[u8], bool> = entries.iter().map(|e| (e.key, e.old.is_some())).collect();
         let present = |k: &[u8]| -> Result<bool> {
-            Ok(match last.contains_key(k) {
-                true => entries.iter().find(|e| e.key == k).is_some_and(|e| e.old.is_some()),
-                false => ByteMapExt::get_value(self, k)?.is_some(),
-            })
+            match had.get(k) {
+                Some(&h) => Ok(h),
+                None => Ok(ByteMapExt::get_value(self, k)?.is_some()),
+            }
         };
         let existed = batch.ops.iter().map(|(k, _)| present(k)).collect::<Result<Vec<bool>>>()?;
         for k in &batch.absent {

@@ -44,6 +44,10 @@ const STRIPES: usize = 1024;
 pub(crate) struct Stripes {
     prefixes: Box<[crossbeam_utils::CachePadded<Prefixes>]>,
     slots: Box<[crossbeam_utils::CachePadded<Mutex<()>>]>,
+    /// Mechanism counters of this session (the kit's coverage gates): cells rewritten in
+    /// place, and leaf rewrites that split or emptied the leaf (the tree path).
+    pub(crate) cells_rewritten: std::sync::atomic::AtomicU64,
+    pub(crate) leaf_splits: std::sync::atomic::AtomicU64,
 }
 
 /// One stripe of prefixes.
@@ -71,6 +75,8 @@ impl Stripes {
         Stripes {
             prefixes: (0..STRIPES).map(|_| Default::default()).collect(),
             slots: (0..STRIPES).map(|_| Default::default()).collect(),
+            cells_rewritten: Default::default(),
+            leaf_splits: Default::default(),
         }
     }
 
@@ -201,6 +207,7 @@ impl<E: Index> Bytes<E> {
                     if let Node::Cell(c) = unsafe { Node::at(&self.pool, PPtr::from_raw(raw))? } {
                         // SAFETY: we hold the stripe lock of `x` exclusively; `c` is its root.
                         if c.key() == key && unsafe { c.overwrite(&self.pool, v) } {
+                            self.stripes.cells_rewritten.fetch_add(1, Ordering::Relaxed);
                             return Ok(true);
                         }
                     }
@@ -227,6 +234,7 @@ impl<E: Index> Bytes<E> {
                     if let (Write::Put(v) | Write::Update(v), true) = (w, c.key() == key) {
                         // SAFETY: we hold the stripe lock of `x` exclusively; `c` is its root.
                         if unsafe { c.overwrite(&self.pool, v) } {
+                            self.stripes.cells_rewritten.fetch_add(1, Ordering::Relaxed);
                             done = Some((true, None));
                             return Ok(None);
                         }
@@ -328,6 +336,7 @@ impl<E: Index> Bytes<E> {
             return Ok(true);
         }
         // The leaf splits (or empties): write the pieces, then rebuild the path above.
+        self.stripes.leaf_splits.fetch_add(1, Ordering::Relaxed);
         let mut fresh = Fresh { nsm: &self.nsm, blocks: Vec::new() };
         let mut retired: Vec<PPtr> = leaf.as_ref().map(Record::at_ptr).into_iter().collect();
         let entries = tree::merged_entries(leaf.as_ref(), key, value)?;

@@ -146,6 +146,9 @@ pub(crate) fn stats<E: Index>(b: &Bytes<E>) -> EngineStats {
         s.pm_bytes_per_node[n] += pages * ps;
     }
     s.counters.push(("bytes_allocated_bytes", ns.allocated_bytes));
+    // ORDERING: Relaxed; statistics.
+    s.counters.push(("bytes_cells_rewritten", b.stripes.cells_rewritten.load(Ordering::Relaxed)));
+    s.counters.push(("bytes_leaf_splits", b.stripes.leaf_splits.load(Ordering::Relaxed)));
     s
 }
 

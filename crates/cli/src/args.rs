@@ -55,6 +55,10 @@ pub enum Command {
     Get(KeyArgs),
     /// Remove KEY.
     Del(KeyArgs),
+    /// Bytes stores: apply puts and deletes read from FILE (or stdin) all or nothing, as one
+    /// write batch. One operation per line: `put KEY VALUE` (VALUE is the rest of the line) or
+    /// `del KEY`; empty lines and lines starting with `#` are skipped.
+    Batch(BatchArgs),
     /// Print up to COUNT pairs in ascending key order, from the first key ≥ START (bytes
     /// stores: --prefix for the keys starting with START).
     Scan(ScanArgs),
@@ -189,6 +193,19 @@ pub struct PutArgs {
     /// Only update: do nothing for an absent key (exit status 1).
     #[arg(long)]
     pub if_present: bool,
+    #[command(flatten)]
+    pub output: JsonFlag,
+}
+
+/// `batch`.
+#[derive(Debug, Args)]
+pub struct BatchArgs {
+    /// Store directory (a bytes store).
+    pub dir: PathBuf,
+    /// File of operations, one per line (`put KEY VALUE`, `del KEY`); `-` or none: stdin.
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub bytes: BytesFlags,
     #[command(flatten)]
     pub output: JsonFlag,
 }
@@ -398,6 +415,10 @@ pub struct ReproArgs {
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub value_bytes: u32,
+    /// `fastfair-original`: the original FAST_FAIR's key file (its `-i`), one integer per
+    /// line [default: random keys, 200,000 × scale].
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
     /// No progress bars.
     #[arg(long, short)]
     pub quiet: bool,

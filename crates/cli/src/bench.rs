@@ -105,6 +105,9 @@ pub fn bench(
     out.flush()?;
     let written = numakv_bench::write_outputs(&report, &config)?;
     let _ = writeln!(err, "finished {runs} runs in {:.0?}", started.elapsed());
+    if let Some(note) = report.pool_pages_note() {
+        let _ = writeln!(err, "{note}");
+    }
     for path in &written {
         let _ = writeln!(err, "wrote {}", path.display());
     }
@@ -156,6 +159,7 @@ pub fn repro(
         scratch: a.scratch.clone(),
         threads: a.threads.map(|t| t as usize),
         redis,
+        key_file: a.key_file.clone(),
     };
     let started = Instant::now();
     let output = repro::run(&name, &targets, &opts, Progress::Auto)?;

@@ -1,4 +1,4 @@
-//! `put`, `get`, `del` and `scan` on a bytes store ([`numakv::BytesStore`]): keys and values are
+//! `put`, `get`, `del`, `batch` and `scan` on a bytes store ([`numakv::BytesStore`]): keys and values are
 //! the argument strings as given, or hex with `--hex`; `put --value-file` reads the value from a
 //! file; `scan --prefix` lists the keys starting with START.
 //!
@@ -8,10 +8,10 @@
 
 use std::io::Write;
 
-use numakv::BytesStore;
+use numakv::{BytesStore, WriteBatch};
 use serde_json::json;
 
-use crate::args::{KeyArgs, PutArgs, ScanArgs};
+use crate::args::{BatchArgs, KeyArgs, PutArgs, ScanArgs};
 use crate::output;
 use crate::{CliError, Exit};
 
@@ -177,6 +177,66 @@ pub(crate) fn del(
         let _ = writeln!(err, "key {shown} not found");
     }
     Ok(if removed { Exit::Ok } else { Exit::NotFound })
+}
+
+/// The operations of a `batch` file: `put KEY VALUE` (VALUE the rest of the line, may be empty)
+/// or `del KEY`, one per line; blank lines and `#` comments skipped. A bad line is a usage error
+/// naming it: nothing is written.
+fn parse_batch(text: &str, hex: bool) -> Result<WriteBatch, CliError> {
+    let mut b = WriteBatch::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        let bad = |why: &str| CliError::Usage(format!("batch line {}: {why}: {line:?}", n + 1));
+        let (op, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match op {
+            "put" => {
+                let Some((k, v)) = rest.split_once(' ') else {
+                    return Err(bad("`put KEY VALUE` needs a key and a value"));
+                };
+                b.put(&arg("key", k, hex)?, &arg("value", v, hex)?);
+            }
+            "del" if !rest.is_empty() && !rest.contains(' ') => {
+                b.delete(&arg("key", rest, hex)?);
+            }
+            "del" => return Err(bad("`del KEY` needs one key")),
+            _ => return Err(bad("not `put KEY VALUE` or `del KEY`")),
+        }
+    }
+    Ok(b)
+}
+
+/// `batch` on a bytes store: every operation checked, then all applied as one write batch
+/// (all or nothing, across a crash too).
+pub(crate) fn batch(
+    store: &BytesStore,
+    a: &BatchArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Exit, CliError> {
+    let text = match a.file.as_deref() {
+        Some(f) if f != std::path::Path::new("-") => std::fs::read_to_string(f).map_err(|e| {
+            CliError::Usage(format!("cannot read the batch file {}: {e}", f.display()))
+        })?,
+        _ => std::io::read_to_string(std::io::stdin())
+            .map_err(|e| CliError::Usage(format!("cannot read the batch from stdin: {e}")))?,
+    };
+    let b = parse_batch(&text, a.bytes.hex)?;
+    let done = store.write_batch(&b)?;
+    let puts = b.ops().filter(|(_, v)| v.is_some()).count();
+    let dels = b.len() - puts;
+    let removed = b.ops().zip(&done.existed).filter(|((_, v), &e)| v.is_none() && e).count();
+    if json {
+        output::json_line(
+            out,
+            &json!({ "applied": done.applied, "puts": puts, "deletes": dels, "deleted": removed }),
+        )?;
+    } else {
+        writeln!(out, "applied {puts} put(s) and {dels} delete(s) ({removed} key(s) deleted)")?;
+    }
+    Ok(Exit::Ok)
 }
 
 /// `scan` on a bytes store: streams the pairs as the layer's iterator yields them.

@@ -27,6 +27,16 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Exit, 
         Command::Del(a) if is_bytes(&a.dir)? => {
             with_bytes(&a.dir, err, |s, err| crate::bytes::del(s, a, json(&a.output), out, err))
         }
+        Command::Batch(a) if is_bytes(&a.dir)? => {
+            with_bytes(&a.dir, err, |s, _| crate::bytes::batch(s, a, json(&a.output), out))
+        }
+        // An integer store has no batch; anything else unopenable: the open says why.
+        Command::Batch(a) if Store::kind_of(&a.dir).is_ok() => {
+            Err(CliError::Usage("batch needs a bytes store (one created with --bytes)".into()))
+        }
+        Command::Batch(a) => {
+            with_bytes(&a.dir, err, |s, _| crate::bytes::batch(s, a, json(&a.output), out))
+        }
         Command::Scan(a) if is_bytes(&a.dir)? => {
             with_bytes(&a.dir, err, |s, _| crate::bytes::scan(s, a, json(&a.output), out))
         }

@@ -110,3 +110,54 @@ fn bytes_flags_are_refused_on_an_integer_store() {
     ok(numakv(&["put", d, "1", "2"]));
     assert_eq!(ok(numakv(&["get", d, "1"])).out(), "2\n");
 }
+
+/// `numakv batch DIR FILE`: puts and deletes from a file applied as one write batch; a bad line
+/// or a 1025-byte key writes nothing; an integer store is refused.
+#[test]
+fn batch_applies_a_file_all_or_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let d = dir.to_str().unwrap();
+    ok(numakv(&["create", d, "--engine", "fastfair", "--bytes", "--capacity", "64M"]));
+    ok(numakv(&["put", d, "old", "x"]));
+    let file = tmp.path().join("ops");
+    std::fs::write(&file, "# a comment\nput a 1\nput b two words\n\ndel old\ndel nope\nput e \n")
+        .unwrap();
+    let run = ok(numakv(&["batch", d, file.to_str().unwrap()]));
+    assert_eq!(run.out(), "applied 3 put(s) and 2 delete(s) (1 key(s) deleted)\n");
+    assert_eq!(ok(numakv(&["get", d, "b"])).out(), "two words\n");
+    assert_eq!(ok(numakv(&["get", d, "e"])).out(), "\n");
+    assert_eq!(numakv(&["get", d, "old"]).code, 1);
+    // A bad line, or a key the store refuses: an error, and nothing written.
+    let long = "k".repeat(1025);
+    for (text, code, msg) in [
+        ("put c 3\nfrob x\n".to_owned(), 2, "batch line 2"),
+        (format!("put c 3\nput {long} v\n"), 2, "1025 bytes is too large"),
+        ("put c 3\ndel\n".to_owned(), 2, "batch line 2"),
+    ] {
+        std::fs::write(&file, &text).unwrap();
+        let run = numakv(&["batch", d, file.to_str().unwrap()]);
+        assert_eq!(run.code, code, "{run:?}");
+        assert!(run.stderr.contains(msg), "{run:?}");
+        assert_eq!(numakv(&["get", d, "c"]).code, 1, "{text:?} wrote c");
+    }
+    // stdin, hex, JSON.
+    let mut child = std::process::Command::new(BIN)
+        .args(["batch", d, "--hex", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"put 00ff 0102\ndel 61\n").unwrap();
+    let outp = child.wait_with_output().unwrap();
+    assert!(outp.status.success());
+    let line = String::from_utf8(outp.stdout).unwrap();
+    assert!(line.contains("\"deleted\":1"), "{line}");
+    assert_eq!(ok(numakv(&["get", d, "--hex", "00ff"])).out(), "0102\n");
+    // An integer store has no batch.
+    let int = tmp.path().join("i");
+    ok(numakv(&["create", int.to_str().unwrap(), "--engine", "fastfair", "--capacity", "64M"]));
+    let run = numakv(&["batch", int.to_str().unwrap(), file.to_str().unwrap()]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("bytes store"), "{run:?}");
+}

@@ -57,13 +57,21 @@ use crate::persist::{lines, LINE};
 
 const FLAG_ACCOUNT: u8 = 1;
 const FLAG_LATENCY: u8 = 2;
+/// Chaos schedules ([`crate::chaos`]): every access is a possible preemption. Decided in the
+/// cold path, so the fast path stays one load and one branch.
+const FLAG_CHAOS: u8 = 4;
+/// A write watch ([`crate::steps`]) counts PM stores (and may crash the pool at the n-th).
+const FLAG_STEPS: u8 = 8;
+/// The flags that make [`ThreadAcct::touch`] record lines.
+const FLAG_TOUCH: u8 = FLAG_ACCOUNT | FLAG_LATENCY;
 
 /// Whether the accounting hooks are compiled in (the `accounting` cargo feature, on by default).
 /// When `false`, [`set_enabled`] and [`set_latency`] do nothing and no access is ever counted or
 /// delayed.
 pub const COMPILED: bool = cfg!(feature = "accounting");
 
-/// Bit set of what the hot path must do: `FLAG_ACCOUNT | FLAG_LATENCY`. Zero means "nothing".
+/// Bit set of what the hot path must do: `FLAG_ACCOUNT | FLAG_LATENCY | FLAG_CHAOS |
+/// FLAG_STEPS`. Zero means "nothing".
 static FLAGS: AtomicU8 = AtomicU8::new(0);
 
 /// Turns accounting on or off for the whole process (all pools, all threads).
@@ -79,6 +87,42 @@ pub fn set_enabled(on: bool) {
         FLAGS.fetch_or(FLAG_ACCOUNT, Ordering::Relaxed);
     } else {
         FLAGS.fetch_and(!FLAG_ACCOUNT, Ordering::Relaxed);
+    }
+}
+
+/// Sets or clears `bit` of [`FLAGS`].
+fn set_flag(bit: u8, on: bool) {
+    // ORDERING: Relaxed, as in `set_enabled`.
+    if on {
+        FLAGS.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        FLAGS.fetch_and(!bit, Ordering::Relaxed);
+    }
+}
+
+/// Chaos on the accessors, flushes and fences ([`crate::chaos::enable`]). Without the
+/// `accounting` feature the accessors have no hook; flushes and fences still take chaos steps.
+pub(crate) fn set_chaos(on: bool) {
+    CHAOS_ON.store(on, Ordering::Relaxed);
+    if COMPILED {
+        set_flag(FLAG_CHAOS, on);
+    }
+}
+
+/// Whether chaos is on, for the persistence hooks (which run even without `accounting`).
+static CHAOS_ON: AtomicBool = AtomicBool::new(false);
+
+/// Write counting for [`crate::steps`].
+pub(crate) fn set_steps(on: bool) {
+    set_flag(FLAG_STEPS, on);
+}
+
+/// A chaos step for a flush or fence of [`crate::Pool`]: a relaxed load and a branch.
+#[inline]
+pub(crate) fn persist_step() {
+    // ORDERING: Relaxed; chaos is a test knob, a late view of it skips a few decisions.
+    if CHAOS_ON.load(Ordering::Relaxed) {
+        crate::chaos::step(crate::chaos::Site::Persist);
     }
 }
 
@@ -245,6 +289,11 @@ pub(crate) fn register_region(start: usize, len: usize, node: usize) -> RegionGu
     // generation also sees the region list it belongs to (taken under the mutex anyway).
     REGION_GEN.fetch_add(1, Ordering::Release);
     RegionGuard(id)
+}
+
+/// The ranges of every open pool's working memory, as `(start, len)`.
+pub(crate) fn registered_regions() -> Vec<(usize, usize)> {
+    REGIONS.lock().iter().map(|(_, r)| (r.start, r.end - r.start)).collect()
 }
 
 impl Drop for RegionGuard {
@@ -634,9 +683,31 @@ impl Drop for SmoScope {
     }
 }
 
+/// The hooks' whole work when a flag is on, out of line: the accessors' inlined fast path is one
+/// relaxed load of [`FLAGS`] and a branch, with nothing else of accounting in the caller's code
+/// (no thread-local access, no spilled registers), so a loop of accessor loads compiles to what
+/// the same loop of plain atomic loads does plus that load and branch (issue 40). `#[cold]`
+/// lays the call out of the hot path; a repeat of the line touched last returns here before the
+/// thread's line set is looked at.
 #[cold]
 #[inline(never)]
+fn hooked_touch(addr: usize, len: usize, kind: u8, flags: u8) {
+    if !same_line_again(addr, len, kind) {
+        slow_touch(addr, len, kind, flags);
+    }
+}
+
+#[inline(never)]
 fn slow_touch(addr: usize, len: usize, kind: u8, flags: u8) {
+    if flags & FLAG_STEPS != 0 && kind == TOUCH_WRITE {
+        crate::steps::on_write(addr);
+    }
+    if flags & FLAG_CHAOS != 0 {
+        crate::chaos::step(crate::chaos::Site::Access);
+    }
+    if flags & FLAG_TOUCH == 0 {
+        return;
+    }
     // try_with: accesses during thread teardown (after the TLS is gone) are simply not counted.
     let _ = ACCT.try_with(|a| {
         if let Ok(mut a) = a.try_borrow_mut() {
@@ -645,16 +716,18 @@ fn slow_touch(addr: usize, len: usize, kind: u8, flags: u8) {
     });
 }
 
-/// Records a read of `[addr, addr + len)`. Called by the accessor types; near free when off
-/// (one relaxed load and a predicted branch), nothing at all without the `accounting` feature.
+/// Records a read of `[addr, addr + len)`. Called by the accessor types, and by hot loops that
+/// read a range with unaccounted loads and record it once (e.g. a node's scanned slots); near
+/// free when off (one relaxed load and a predicted branch), nothing at all without the
+/// `accounting` feature.
 #[inline(always)]
 pub fn record_read(addr: usize, len: usize) {
     if !COMPILED {
         return;
     }
     let flags = FLAGS.load(Ordering::Relaxed);
-    if flags != 0 && !same_line_again(addr, len, TOUCH_READ) {
-        slow_touch(addr, len, TOUCH_READ, flags);
+    if flags != 0 {
+        hooked_touch(addr, len, TOUCH_READ, flags);
     }
 }
 
@@ -666,8 +739,8 @@ pub fn record_write(addr: usize, len: usize) {
         return;
     }
     let flags = FLAGS.load(Ordering::Relaxed);
-    if flags != 0 && !same_line_again(addr, len, TOUCH_WRITE) {
-        slow_touch(addr, len, TOUCH_WRITE, flags);
+    if flags != 0 {
+        hooked_touch(addr, len, TOUCH_WRITE, flags);
     }
 }
 

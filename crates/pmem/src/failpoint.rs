@@ -77,8 +77,21 @@ macro_rules! fail_point {
 /// reaches its point is a broken test, not a pass).
 pub const PARK_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Points armed now: the fast path's only load.
+/// Points armed now, plus [`CHAOS_BIT`] while chaos is on: the fast path's only load.
 static ARMED: AtomicUsize = AtomicUsize::new(0);
+/// Set in [`ARMED`] while chaos schedules run ([`crate::chaos`]): every point is then a possible
+/// preemption, decided in the cold path.
+const CHAOS_BIT: usize = 1 << (usize::BITS - 1);
+
+/// Chaos at the pause points ([`crate::chaos::enable`]).
+pub(crate) fn set_chaos(on: bool) {
+    // ORDERING: Relaxed, as in `arm`.
+    if on {
+        ARMED.fetch_or(CHAOS_BIT, Ordering::Relaxed);
+    } else {
+        ARMED.fetch_and(!CHAOS_BIT, Ordering::Relaxed);
+    }
+}
 /// The armed points.
 static POINTS: Mutex<Vec<Arc<Point>>> = Mutex::new(Vec::new());
 /// Held by the live [`Scenario`].
@@ -131,6 +144,14 @@ pub fn hit(name: &'static str) -> bool {
 #[cold]
 #[inline(never)]
 fn slow_hit(name: &'static str) -> bool {
+    // ORDERING: Relaxed; see `hit`.
+    let armed = ARMED.load(Ordering::Relaxed);
+    if armed & CHAOS_BIT != 0 {
+        crate::chaos::step(crate::chaos::Site::Pause);
+    }
+    if armed & !CHAOS_BIT == 0 {
+        return false;
+    }
     let point = POINTS.lock().iter().find(|p| p.name == name).cloned();
     let Some(p) = point else { return false };
     if p.filter.as_ref().is_some_and(|f| !f()) {
@@ -273,6 +294,31 @@ impl Scenario {
     /// scenario ends or [`Armed::disarm`]).
     pub fn fail(&self, name: &'static str, times: Option<u64>) -> Armed {
         Armed(self.keep(arm(name, Action::Fail { times }, None)))
+    }
+
+    /// Arms `name` to crash `pool` (shadow mode, [`crate::Pool::crash`] with `opts`) when it is
+    /// reached for the `nth` time (1-based) — by the thread called `thread` only, when given:
+    /// a crash at a protocol *step*. The thread that reaches it goes on, but nothing it (or any
+    /// thread) stores afterwards is durable. [`Armed::hits`] counts the hits so far, so a first
+    /// run with `nth = usize::MAX` measures how many steps a scenario has.
+    pub fn crash_at(
+        &self,
+        name: &'static str,
+        nth: usize,
+        thread: Option<&'static str>,
+        pool: Arc<crate::Pool>,
+        opts: crate::CrashOptions,
+    ) -> Armed {
+        let seen = AtomicUsize::new(0);
+        let f = move || {
+            // ORDERING: Relaxed; only the count matters, and it is exact under any order.
+            if seen.fetch_add(1, Ordering::Relaxed) + 1 == nth {
+                let _ = pool.crash(opts);
+            }
+        };
+        let filter: Option<Filter> =
+            thread.map(|t| Box::new(move || std::thread::current().name() == Some(t)) as Filter);
+        Armed(self.keep(arm(name, Action::Call(Box::new(f)), filter)))
     }
 
     /// Arms `name` to run `f` in every thread that reaches it.

@@ -13,6 +13,8 @@
 //! - [`access`]: the accessor types PM structures are built from.
 //! - `failpoint` (feature `failpoints`): named pause and failure points that tests use to force
 //!   an interleaving ([`pause_point!`], [`fail_point!`]; no-ops without the feature).
+//! - [`chaos`]: chaos schedules (`NUMAKV_CHAOS=<seed>`): every PM access, flush, fence and pause
+//!   point a possible preemption, replayable by seed; [`steps`]: PM stores as crash points.
 //! - [`heap`] and [`alloc`]: the page heap, NSM, Calloc, a naive bump allocator, and epoch-based
 //!   reclamation.
 //!
@@ -22,6 +24,7 @@ pub mod access;
 pub mod account;
 pub mod alloc;
 pub mod cachemodel;
+pub mod chaos;
 pub mod crash;
 mod error;
 #[cfg(feature = "failpoints")]
@@ -50,6 +53,7 @@ pub mod persist;
 mod pool;
 mod pptr;
 pub mod shadow;
+pub mod steps;
 
 pub use access::{PmBytes, PmType, PmU16, PmU32, PmU64, PmU8};
 pub use account::{AccessStats, LatencyModel};
@@ -61,3 +65,14 @@ pub use persist::{PersistMode, LINE};
 pub use pool::{node_path, OpenConfig, Pool, PoolConfig, SimMode, DEFAULT_PAGE_SIZE, LOCK_FILE};
 pub use pptr::PPtr;
 pub use shadow::{CrashOptions, CrashReport};
+
+/// Over every pool open in this process: bytes of working memory backed by transparent huge
+/// pages now, and resident bytes (`/proc/self/smaps`); `None` where that cannot be read. Pools
+/// ask for huge pages (`MADV_HUGEPAGE`) when mapped; this says what the kernel granted, for the
+/// benchmark's report.
+pub fn huge_pages_in_pools() -> Option<(u64, u64)> {
+    account::registered_regions().into_iter().try_fold((0, 0), |(h, r), (start, len)| {
+        let (rh, rr) = map::huge_page_bytes(start, len)?;
+        Some((h + rh, r + rr))
+    })
+}

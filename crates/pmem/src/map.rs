@@ -74,6 +74,23 @@ impl Mapping {
         Ok(Mapping { ptr: ptr.cast(), len, kind })
     }
 
+    /// Asks the kernel for transparent huge pages over this mapping (`MADV_HUGEPAGE`); `true`
+    /// when the advice was taken. Advice only: whether 2 MiB pages are granted depends on the
+    /// kernel's THP settings (`/sys/kernel/mm/transparent_hugepage/enabled` for anonymous and
+    /// private memory, the tmpfs `huge=` mount option or `shmem_enabled` for `/dev/shm`
+    /// files, a 2 MiB-aligned DAX device) — see [`huge_page_bytes`] for what was granted. A
+    /// pool's access pattern is random over its whole extent, and the TLB misses of 4 KiB pages
+    /// were +25% on a FAST&FAIR search (issue 40).
+    pub(crate) fn advise_huge_pages(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: advice over exactly this live mapping; MADV_HUGEPAGE changes no contents.
+            unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_HUGEPAGE) == 0 }
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr
     }
@@ -106,4 +123,35 @@ impl Drop for Mapping {
         // (pool references are tied to the pool's lifetime).
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
+}
+
+/// Bytes of `[start, start + len)` that the kernel backs with huge pages now, and the bytes of
+/// it that are resident, from `/proc/self/smaps` (`AnonHugePages`, `ShmemPmdMapped`,
+/// `FilePmdMapped`; `Rss`); `None` where smaps cannot be read (not Linux, no procfs).
+pub fn huge_page_bytes(start: usize, len: usize) -> Option<(u64, u64)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let end = start + len;
+    let (mut huge, mut rss) = (0u64, 0u64);
+    let mut inside = false;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(first) = fields.next() else { continue };
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                // A VMA header line: the mapping may be split into several VMAs.
+                inside = a < end && b > start;
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        let kib = || fields.clone().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+        match first {
+            "AnonHugePages:" | "ShmemPmdMapped:" | "FilePmdMapped:" => huge += kib(),
+            "Rss:" => rss += kib(),
+            _ => {}
+        }
+    }
+    Some((huge, rss))
 }

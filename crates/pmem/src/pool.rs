@@ -237,6 +237,8 @@ fn lock_dir(dir: &Path) -> Result<File> {
 impl Pool {
     /// Creates a store in `dir` (created if missing; must not already hold node files).
     pub fn create(dir: &Path, cfg: PoolConfig) -> Result<Arc<Pool>> {
+        #[cfg(feature = "failpoints")]
+        crate::chaos::init_from_env();
         cfg.validate()?;
         fs::create_dir_all(dir).map_err(|e| PoolError::io(dir, e))?;
         let lock = lock_dir(dir)?;
@@ -276,6 +278,8 @@ impl Pool {
     /// Opens the store in `dir`, validating every node file. A store not closed cleanly opens
     /// with [`Pool::was_clean`] false; engines then run their recovery.
     pub fn open(dir: &Path, cfg: OpenConfig) -> Result<Arc<Pool>> {
+        #[cfg(feature = "failpoints")]
+        crate::chaos::init_from_env();
         if !node_path(dir, 0).exists() {
             if !dir.is_dir() {
                 return Err(PoolError::io(
@@ -379,6 +383,8 @@ impl Pool {
 
     /// An in-memory pool on anonymous memory: the same API and accounting, no durability.
     pub fn volatile(cfg: PoolConfig) -> Result<Arc<Pool>> {
+        #[cfg(feature = "failpoints")]
+        crate::chaos::init_from_env();
         cfg.validate()?;
         let mut uuid = [0u8; 16];
         rand::rngs::OsRng.fill_bytes(&mut uuid);
@@ -423,6 +429,9 @@ impl Pool {
                     t.bind_memory(work.ptr(), work.len(), node)?;
                 }
             }
+            // Before the first touch, so that the pages faulted in can be huge ones; advice only
+            // (refused or ignored where the kernel's THP settings say so: `huge_page_bytes`).
+            let _ = work.advise_huge_pages();
             let accounting = account::register_region(work.ptr() as usize, work.len(), node);
             bases.push(work.ptr());
             let heap = NodeHeap::placeholder();
@@ -462,6 +471,7 @@ impl Pool {
         Ok(pool)
     }
 
+    #[inline]
     fn header_word(&self, offset: usize) -> &PmU64 {
         // SAFETY: `offset` is one of the 8-aligned header word offsets of layout.rs, inside
         // node 0's first page, which is mapped for the pool's lifetime.
@@ -530,6 +540,16 @@ impl Pool {
     // Pointers
     // -----------------------------------------------------------------------------------------
 
+    /// Bytes of this pool's working memory that the kernel backs with transparent huge pages
+    /// now, and its resident bytes (`/proc/self/smaps`); `None` where that cannot be read.
+    pub fn huge_page_bytes(&self) -> Option<(u64, u64)> {
+        self.regions.iter().try_fold((0, 0), |(h, r), region| {
+            let (rh, rr) =
+                crate::map::huge_page_bytes(region.work.ptr() as usize, region.work.len())?;
+            Some((h + rh, r + rr))
+        })
+    }
+
     /// Address of `p` in this process, without any check (null and foreign pointers give
     /// meaningless addresses; dereferencing them is the caller's problem).
     #[inline]
@@ -551,8 +571,17 @@ impl Pool {
         })
     }
 
+    /// Inlined: hot paths resolve a node per level through [`Pool::bytes`] / [`Pool::get`]
+    /// (a FAST&FAIR search four times), and the out-of-line call plus a division by `align`
+    /// cost ~70 instructions each (issue 40); the error construction stays out of line.
+    #[inline(always)]
     fn check_range(&self, p: PPtr, size: usize, align: usize) -> Result<*mut u8> {
-        let bad = |why| PoolError::BadPointer { ptr: p.to_string(), why };
+        #[cold]
+        #[inline(never)]
+        fn bad_pointer(p: PPtr, why: &'static str) -> PoolError {
+            PoolError::BadPointer { ptr: p.to_string(), why }
+        }
+        let bad = |why| bad_pointer(p, why);
         if p.is_null() {
             return Err(bad("null"));
         }
@@ -565,7 +594,9 @@ impl Pool {
         if end > region.work.len() as u64 {
             return Err(bad("past the end of the node file"));
         }
-        if off as usize % align != 0 {
+        // Alignments of Rust types are powers of two: a mask, not a division.
+        debug_assert!(align.is_power_of_two());
+        if off as usize & (align - 1) != 0 {
             return Err(bad("misaligned for the requested type"));
         }
         Ok(self.resolve(p))
@@ -574,6 +605,7 @@ impl Pool {
     /// The PM object of type `T` at `p`, checked: non-null, inside the node's heap area, aligned.
     /// Use this on pointers read from PM during recovery, where a corrupted word must become an
     /// error rather than a wild access.
+    #[inline]
     pub fn get<T: PmType>(&self, p: PPtr) -> Result<&T> {
         let ptr = self.check_range(p, std::mem::size_of::<T>(), std::mem::align_of::<T>())?;
         // SAFETY: in bounds of a mapping that lives as long as `self`, aligned, and `T: PmType`
@@ -593,6 +625,7 @@ impl Pool {
     }
 
     /// `len` bytes at `p` as a byte view, checked like [`Pool::get`].
+    #[inline]
     pub fn bytes(&self, p: PPtr, len: usize) -> Result<&PmBytes> {
         let ptr = self.check_range(p, len, 1)?;
         // SAFETY: in bounds of a mapping living as long as `self`; PmBytes' own methods carry
@@ -602,9 +635,15 @@ impl Pool {
 
     /// Engine root slot `slot` (0..[`ROOT_SLOTS`]) in node 0's header: the entry points an
     /// engine finds its structures from after a restart. 8-byte atomic, persist after writing.
+    #[inline]
     pub fn root(&self, slot: usize) -> Result<&PmU64> {
+        #[cold]
+        #[inline(never)]
+        fn bad_slot(slot: usize) -> PoolError {
+            PoolError::InvalidArgument(format!("root slot {slot} ≥ {ROOT_SLOTS}"))
+        }
         if slot >= ROOT_SLOTS {
-            return Err(PoolError::InvalidArgument(format!("root slot {slot} ≥ {ROOT_SLOTS}")));
+            return Err(bad_slot(slot));
         }
         Ok(self.header_word(layout::ROOTS_OFF + 8 * slot))
     }
@@ -617,6 +656,7 @@ impl Pool {
     /// only after the next [`Pool::fence`] of this thread. A no-op in eADR mode.
     #[inline]
     pub fn flush(&self, addr: *const u8, len: usize) {
+        account::persist_step();
         if self.header.mode == PersistMode::Eadr || len == 0 {
             return;
         }
@@ -640,6 +680,7 @@ impl Pool {
     /// A no-op in eADR mode (the persistence domain includes the caches).
     #[inline]
     pub fn fence(&self) {
+        account::persist_step();
         if let Some(s) = &self.shadow {
             if self.header.mode == PersistMode::Adr {
                 account::record_fence();
@@ -707,10 +748,22 @@ impl Pool {
         Ok(())
     }
 
-    /// Cancels a scheduled crash that has not fired.
-    pub fn cancel_crash(&self) {
-        if let Some(s) = &self.shadow {
-            s.cancel_scheduled();
+    /// Fences issued on this pool so far, by every thread (shadow mode only, ADR and eADR; 0 in
+    /// direct mode): the crash points [`Pool::crash_after_fences`] counts, so a test can measure
+    /// a scenario's fences once and then crash at each of them.
+    pub fn fence_count(&self) -> u64 {
+        self.shadow.as_ref().map_or(0, |s| s.fences())
+    }
+
+    /// Cancels a scheduled crash that has not fired. Returns false when the pool crashed or a
+    /// scheduled crash is firing in another thread right now (its fence took the last step of
+    /// the countdown: the image is being frozen) — either way this session is over: drop the
+    /// pool and reopen. Checking [`Pool::has_crashed`] after cancelling is not enough for that
+    /// second case.
+    pub fn cancel_crash(&self) -> bool {
+        match &self.shadow {
+            Some(s) => s.cancel_scheduled(),
+            None => true,
         }
     }
 

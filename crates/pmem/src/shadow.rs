@@ -97,6 +97,8 @@ pub(crate) struct Shadow {
     countdown: AtomicI64,
     scheduled: Mutex<CrashOptions>,
     crashes: AtomicU64,
+    /// Fences seen (for [`crate::Pool::fence_count`]).
+    fences: AtomicU64,
     eadr: bool,
 }
 
@@ -174,6 +176,7 @@ impl Shadow {
             countdown: AtomicI64::new(-1),
             scheduled: Mutex::new(CrashOptions::STRICT),
             crashes: AtomicU64::new(0),
+            fences: AtomicU64::new(0),
             eadr,
         }
     }
@@ -210,6 +213,8 @@ impl Shadow {
     /// The calling thread's fence: its pending lines reach the image. Returns true when this
     /// fence triggered a scheduled crash.
     pub(crate) fn fence(&self, work: &[*const u8]) -> bool {
+        // ORDERING: Relaxed; a statistic read after the fencing threads were joined.
+        self.fences.fetch_add(1, Ordering::Relaxed);
         // A scheduled crash fires *during* the fence that brings the countdown from 1 to 0: the
         // power fails while this fence waits, so its lines are still pending and reach the image
         // only with probability `pending_survival` — the crash lands between a flush and its
@@ -268,8 +273,17 @@ impl Shadow {
         self.countdown.store(fences.min(i64::MAX as u64) as i64, Ordering::Release);
     }
 
-    pub(crate) fn cancel_scheduled(&self) {
-        self.countdown.store(-1, Ordering::Release);
+    /// Cancels a scheduled crash; false when it has fired or is firing (the countdown reached
+    /// 0 in some thread's fence: that thread is freezing the image now) or the image is frozen.
+    pub(crate) fn cancel_scheduled(&self) -> bool {
+        // ORDERING: AcqRel, as the fence's decrement: either the swap sees the 1 → 0 step of a
+        // firing fence, or that fence's decrement sees -1 and does not fire.
+        let old = self.countdown.swap(-1, Ordering::AcqRel);
+        old != 0 && !self.is_frozen()
+    }
+
+    pub(crate) fn fences(&self) -> u64 {
+        self.fences.load(Ordering::Relaxed)
     }
 
     pub(crate) fn crashes(&self) -> u64 {
@@ -339,11 +353,19 @@ impl Shadow {
     }
 }
 
-/// Calls `f(offset)` for every line whose working contents differ from the image. Whole 4 KiB
-/// pages are compared first so that clean pages cost one `memcmp`.
+/// Calls `f(offset)` for every line whose working contents differ from the image. Only pages
+/// the process has written can differ: the working memory is a private mapping of the file the
+/// image maps shared, and a private page not yet copied on write shows the file's page, i.e.
+/// the image. Those pages are found in `/proc/self/pagemap` (present and not file-backed);
+/// where it cannot be read, every page is compared. Whole 4 KiB pages are compared first so
+/// that clean pages cost one `memcmp`.
 fn for_each_dirty_line(work: *const u8, img: &Mapping, mut f: impl FnMut(usize)) {
     const PAGE: usize = 4096;
-    for page in (0..img.len()).step_by(PAGE) {
+    let written = written_pages(work, img.len());
+    for (i, page) in (0..img.len()).step_by(PAGE).enumerate() {
+        if written.as_ref().is_some_and(|w| !w[i]) {
+            continue;
+        }
         let chunk = PAGE.min(img.len() - page);
         // SAFETY: both mappings cover the whole file. A racing writer can only make this coarse
         // filter report "different", after which lines are re-read with atomic words.
@@ -361,4 +383,29 @@ fn for_each_dirty_line(work: *const u8, img: &Mapping, mut f: impl FnMut(usize))
             }
         }
     }
+}
+
+/// Per 4 KiB page of `[work, work + len)`: whether it is present and anonymous (a private page
+/// copied on write) or swapped, from `/proc/self/pagemap` (bit 63 present, bit 62 swapped, bit
+/// 61 file-page or shared anonymous; linux/Documentation/admin-guide/mm/pagemap.rst). `None` when the file cannot be
+/// read or the page size is not 4 KiB.
+fn written_pages(work: *const u8, len: usize) -> Option<Vec<bool>> {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: sysconf has no memory effects.
+    if unsafe { libc::sysconf(libc::_SC_PAGESIZE) } != 4096 {
+        return None;
+    }
+    let pages = len.div_ceil(4096);
+    let file = std::fs::File::open("/proc/self/pagemap").ok()?;
+    let mut buf = vec![0u8; pages * 8];
+    file.read_exact_at(&mut buf, (work as usize / 4096 * 8) as u64).ok()?;
+    Some(
+        buf.chunks_exact(8)
+            .map(|e| {
+                let v = u64::from_le_bytes(e.try_into().expect("8-byte entry"));
+                // Present and anonymous, or swapped out (only anonymous pages are swapped).
+                (v & (1 << 63) != 0 && v & (1 << 61) == 0) || v & (1 << 62) != 0
+            })
+            .collect(),
+    )
 }

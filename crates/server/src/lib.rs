@@ -13,8 +13,13 @@
 //!   PM work with no I/O wait (docs/design.md, "Redis-protocol server").
 //! - **Durability**: a write's reply is encoded only after the store call returned, and a store
 //!   call is durable when it returns (in the store's persistence mode).
+//! - **Multi-key writes and transactions** ([`commands`]): MSET, MSETNX, DEL of several keys and
+//!   EXEC are one write batch of the store ([`numakv::WriteBatch`]: arguments checked first, all
+//!   or nothing across a crash) under an exclusive gate (isolated from every other client);
+//!   MULTI/EXEC/DISCARD/WATCH/UNWATCH follow Redis.
 //! - **Pause points** (feature `failpoints`, for tests): `server.incr.read` — an INCR/INCRBY/DECR
-//!   has read the key's value and holds its stripe, before writing the new value.
+//!   has read the key's value and holds its stripe, before writing the new value;
+//!   `server.exec.batch` — EXEC has run its queue and holds the gate, before its batch.
 //! - **Shutdown** (SHUTDOWN, SIGTERM/SIGINT, or [`Handle::shutdown`]): stop accepting, let every
 //!   connection finish the request in hand, then close the store cleanly.
 //!

@@ -17,7 +17,7 @@ use numakv_index::{Error, Result};
 use numakv_pmem::alloc::epoch::Guard;
 use numakv_pmem::PPtr;
 
-use crate::layout::{Node, END, ENGINE, HIDDEN};
+use crate::layout::{Node, END, ENGINE, FLAG_DEAD, HIDDEN};
 use crate::FastFair;
 
 /// Outcome of one validated node read.
@@ -41,13 +41,19 @@ impl FastFair {
         mut f: impl FnMut(bool) -> R,
     ) -> Result<Read<R>> {
         loop {
+            // The header line is accounted once here and once before the second reads (the
+            // same lines, in the same order, as one hook per load: tests/pm_accounting.rs in
+            // crates/bench), and its words are read unrecorded.
+            node.record_header_read();
             // ORDERING: Acquire; pairs with the Release stores of a shift, which the counter
             // update precedes (insert.rs).
-            let c1 = node.hdr.switch.load(Ordering::Acquire);
-            if node.is_dead() {
+            let c1 = node.hdr.switch.load_unaccounted(Ordering::Acquire);
+            // ORDERING: Acquire, as `Node::is_dead`.
+            if node.hdr.flags.load_unaccounted(Ordering::Acquire) & FLAG_DEAD != 0 {
                 return Ok(Read::Dead);
             }
-            let h1 = node.high();
+            // ORDERING: Acquire, as `Node::high`.
+            let h1 = node.hdr.high.load_unaccounted(Ordering::Acquire);
             // While a lazy recovery is repairing ranges, a crash may have left `high` above the
             // sibling's low key (a rolled-back merge whose sibling is written again): the
             // sibling's low is the real bound then (docs/design.md, "Recovery").
@@ -79,9 +85,10 @@ impl FastFair {
                 return Ok(Read::Right(s));
             }
             let r = f(c1 & 1 == 1);
+            node.record_header_read();
             // ORDERING: Acquire loads of the slots above cannot be reordered after these loads.
-            let c2 = node.hdr.switch.load(Ordering::Acquire);
-            let h2 = node.high();
+            let c2 = node.hdr.switch.load_unaccounted(Ordering::Acquire);
+            let h2 = node.hdr.high.load_unaccounted(Ordering::Acquire);
             if c1 == c2 && h1 == h2 {
                 return Ok(Read::Done(r));
             }
@@ -89,77 +96,149 @@ impl FastFair {
         }
     }
 
-    /// Leaf lookup in one direction (called inside [`FastFair::stable`]).
+    /// Leaf lookup in one direction (called inside [`FastFair::stable`]). Reads the slots with
+    /// unrecorded loads and accounts the slots it read once, before returning.
+    #[inline]
     pub(crate) fn leaf_search(node: Node<'_>, key: u64, desc: bool) -> Option<u64> {
+        let (found, last) = Self::leaf_scan(node, key, desc);
+        node.record_slots_read(last);
+        found
+    }
+
+    /// [`FastFair::leaf_search`]'s scan: the value found, and the highest slot it read.
+    #[inline(always)]
+    fn leaf_scan(node: Node<'_>, key: u64, desc: bool) -> (Option<u64>, usize) {
+        let n = node.entries.len();
+        // `k > bound` is "END, or a key past `key`": END is u64::MAX and HIDDEN (0) is below
+        // every user key, so the sentinels need no tests of their own (`bound` keeps END itself
+        // a stop for internal callers that look up END).
+        let bound = key.min(END - 1);
         if !desc {
-            for i in 0..node.entries.len() {
-                let k = node.key(i);
-                if k == END || (k > key && k != HIDDEN) {
-                    return None;
+            for i in 0..n {
+                let k = node.key_unrecorded(i);
+                if k > bound {
+                    return (None, i);
                 }
                 if k == key {
                     // Window: the key is read, its value not yet; a shift may move both on.
                     numakv_pmem::pause_point!("fastfair.leaf.key_read");
-                    let v = node.val(i);
-                    if node.key(i) == k {
-                        return Some(v);
+                    let v = node.val_unrecorded(i);
+                    if node.key_unrecorded(i) == k {
+                        return (Some(v), i);
                     }
                     // Being overwritten by a smaller key: its copy is already in slot i + 1.
                 }
             }
-            None
+            (None, n.saturating_sub(1))
         } else {
-            for i in (0..node.used()).rev() {
-                let k = node.key(i);
+            // `used()`, unrecorded: the scan reads slots 0..=used (the END) first.
+            let used = (0..n).find(|&i| node.key_unrecorded(i) == END).unwrap_or(n);
+            let last = used.min(n.saturating_sub(1));
+            for i in (0..used).rev() {
+                let k = node.key_unrecorded(i);
                 if k == HIDDEN || k == END || k > key {
                     continue;
                 }
                 if k < key {
-                    return None;
+                    return (None, last);
                 }
                 numakv_pmem::pause_point!("fastfair.leaf.key_read");
-                let v = node.val(i);
-                if node.key(i) == k {
-                    return Some(v);
+                let v = node.val_unrecorded(i);
+                if node.key_unrecorded(i) == k {
+                    return (Some(v), last);
                 }
                 // Being overwritten by a larger key: its copy is already in slot i - 1.
             }
-            None
+            (None, last)
         }
     }
 
     /// Internal-node routing in one direction: the child of the largest separator `≤ key`.
+    /// Reads the slots unrecorded and accounts them once, as [`FastFair::leaf_search`] does.
+    #[inline]
     pub(crate) fn route(node: Node<'_>, key: u64, desc: bool) -> PPtr {
         // ORDERING: Acquire; the leftmost child is written before the node is published.
-        let mut best = node.hdr.leftmost.load(Ordering::Acquire);
+        let leftmost = node.hdr.leftmost.load(Ordering::Acquire);
+        let (best, last) = Self::route_scan(node, key, desc, leftmost);
+        node.record_slots_read(last);
+        PPtr::from_raw(best)
+    }
+
+    /// [`FastFair::route`]'s scan: the child, and the highest slot it read.
+    ///
+    /// Ascending, it reads only keys up to the first one past `key`, then the chosen slot's
+    /// value, and validates it by reading the key again (as the original FAST_FAIR reads only
+    /// the chosen pointer): a shift rewrites a slot as `key = HIDDEN, val, key`, and within one
+    /// direction a slot's key only moves down (right shifts copy smaller keys into it; a delete
+    /// flips the direction bit, a split bumps the counter, and [`FastFair::stable`] retries),
+    /// so an unchanged key brackets a value of that key. When the chosen slot changed under us,
+    /// [`FastFair::route_scan_validating`] redoes the node slot by slot.
+    #[inline(always)]
+    fn route_scan(node: Node<'_>, key: u64, desc: bool, leftmost: u64) -> (u64, usize) {
+        let n = node.entries.len();
+        if desc {
+            return Self::route_scan_validating(node, key, true, leftmost);
+        }
+        // As in `leaf_scan`: END and keys past `key` end the scan; HIDDEN (0) never does.
+        let bound = key.min(END - 1);
+        let mut chosen = None;
+        let mut last = n.saturating_sub(1);
+        for i in 0..n {
+            let k = node.key_unrecorded(i);
+            if k > bound {
+                last = i;
+                break;
+            }
+            if k != HIDDEN {
+                chosen = Some((i, k));
+            }
+        }
+        let Some((i, k)) = chosen else { return (leftmost, last) };
+        let c = node.val_unrecorded(i);
+        if node.key_unrecorded(i) == k {
+            return (c, last);
+        }
+        Self::route_scan_validating(node, key, false, leftmost)
+    }
+
+    /// The slot-by-slot scan: each slot at or below `key` is validated (key, value, key) as it
+    /// is read, the last valid one wins.
+    #[cold]
+    #[inline(never)]
+    fn route_scan_validating(node: Node<'_>, key: u64, desc: bool, leftmost: u64) -> (u64, usize) {
+        let n = node.entries.len();
+        let mut best = leftmost;
         if !desc {
-            for i in 0..node.entries.len() {
-                let k = node.key(i);
+            for i in 0..n {
+                let k = node.key_unrecorded(i);
                 if k == END || (k > key && k != HIDDEN) {
-                    break;
+                    return (best, i);
                 }
                 if k == HIDDEN {
                     continue;
                 }
-                let c = node.val(i);
-                if node.key(i) == k {
+                let c = node.val_unrecorded(i);
+                if node.key_unrecorded(i) == k {
                     best = c;
                 }
             }
+            (best, n.saturating_sub(1))
         } else {
-            for i in (0..node.used()).rev() {
-                let k = node.key(i);
+            let used = (0..n).find(|&i| node.key_unrecorded(i) == END).unwrap_or(n);
+            let last = used.min(n.saturating_sub(1));
+            for i in (0..used).rev() {
+                let k = node.key_unrecorded(i);
                 if k == HIDDEN || k == END || k > key {
                     continue;
                 }
-                let c = node.val(i);
-                if node.key(i) == k {
+                let c = node.val_unrecorded(i);
+                if node.key_unrecorded(i) == k {
                     best = c;
                     break;
                 }
             }
+            (best, last)
         }
-        PPtr::from_raw(best)
     }
 
     /// Lock-free descent to the node at `level` whose range holds `key` (at the time it was

@@ -151,6 +151,7 @@ impl<I: Inner> Shared<I> {
         s.dram_bytes += rb + sk + hp + gv;
         s.counters.extend([
             ("nap_switches", get(&c.switches)),
+            ("nap_switches_with_previous", get(&c.switches_with_previous)),
             ("nap_switch_errors", get(&c.switch_errors)),
             ("nap_nal_keys", keys),
             ("nap_nal_hits", c.nal_hits.iter().map(|h| get(h)).sum()),

@@ -217,6 +217,9 @@ impl<O> NapOptions<O> {
 #[derive(Debug)]
 pub(crate) struct Counters {
     pub switches: AtomicU64,
+    /// Completed switches that replaced a non-empty NAL (phase 2 had a previous NAL to flush):
+    /// the kit's coverage gate for lazy resolution and writes waiting on a previous NAL.
+    pub switches_with_previous: AtomicU64,
     pub switch_errors: AtomicU64,
     /// Per dense thread id (own cache line each): a shared counter bumped by every NAL hit
     /// would bounce one line between all cores on exactly the skewed workloads Nap serves.
@@ -234,6 +237,7 @@ impl Default for Counters {
     fn default() -> Counters {
         Counters {
             switches: AtomicU64::new(0),
+            switches_with_previous: AtomicU64::new(0),
             switch_errors: AtomicU64::new(0),
             nal_hits: (0..numakv_pmem::numa::MAX_THREADS)
                 .map(|_| crossbeam_utils::CachePadded::new(AtomicU64::new(0)))

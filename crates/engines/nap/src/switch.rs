@@ -186,6 +186,9 @@ impl<I: Inner> Shared<I> {
             self.enter(phase::IDLE); // there was no previous NAL to flush
         }
         self.counters.switches.fetch_add(1, Ordering::Relaxed);
+        if !old.is_null() {
+            self.counters.switches_with_previous.fetch_add(1, Ordering::Relaxed);
+        }
         let elapsed = t0.elapsed();
         let us = elapsed.as_micros() as u64;
         self.counters.switch_us_total.fetch_add(us, Ordering::Relaxed);

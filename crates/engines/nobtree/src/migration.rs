@@ -213,6 +213,10 @@ struct MigCounters {
     hold_max_ns: AtomicU64,
     /// The same for subindex-root migrations alone (they also hold the upper-layer mutex).
     root_migrated: AtomicU64,
+    /// Completed migrations of leaves and of inner nodes below a subindex root, by anyone
+    /// (coordinator or explicit): the kit's coverage gates by kind.
+    leaf_migrated: AtomicU64,
+    inner_migrated: AtomicU64,
     root_hold_ns: AtomicU64,
     /// Hot, mostly remote nodes not queued because they were cooling down.
     cooling: AtomicU64,
@@ -357,6 +361,8 @@ impl Migrator {
             ("migration_hold_ns", g(&c.hold_ns)),
             ("migration_hold_max_ns", g(&c.hold_max_ns)),
             ("root_migrations", g(&c.root_migrated)),
+            ("leaf_migrations", g(&c.leaf_migrated)),
+            ("inner_migrations", g(&c.inner_migrated)),
             ("root_migration_hold_ns", g(&c.root_hold_ns)),
             ("migrations_cooling", g(&c.cooling)),
             ("migration_busy_ns", g(&c.busy_ns)),
@@ -596,8 +602,13 @@ impl Drop for Unlinked<'_> {
 
 impl Migrator {
     /// Records how long a completed migration held its locks.
-    fn held(&self, ns: u64, root: bool) {
+    fn held(&self, ns: u64, level: u32, root: bool) {
         let c = &self.counters;
+        if level == 0 {
+            c.leaf_migrated.fetch_add(1, Ordering::Relaxed);
+        } else if !root {
+            c.inner_migrated.fetch_add(1, Ordering::Relaxed);
+        }
         c.hold_ns.fetch_add(ns, Ordering::Relaxed);
         c.hold_max_ns.fetch_max(ns, Ordering::Relaxed);
         if root {
@@ -914,7 +925,7 @@ impl Tree {
         drop(parent);
         drop(frozen_l);
         if let Some(m) = &self.migrator {
-            m.held(held_since.elapsed().as_nanos() as u64, is_root);
+            m.held(held_since.elapsed().as_nanos() as u64, level, is_root);
             m.carry_migrated(id, new_id);
         }
         // SAFETY: `node` is unlinked (parent — or the upper layer — and previous sibling name

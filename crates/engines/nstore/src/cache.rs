@@ -236,7 +236,11 @@ pub(crate) enum Probe {
 }
 
 thread_local! {
+    /// This thread's gets (probes), for "every `sample`-th get".
     static TICK: Cell<u32> = const { Cell::new(0) };
+    /// This thread's writes, sampled apart from its gets: a shared counter made "every 32nd
+    /// get" every 32nd operation, so a mixed workload sampled (and admitted) fewer gets.
+    static WRITE_TICK: Cell<u32> = const { Cell::new(0) };
     static SHARD: usize =
         NEXT_SHARD.fetch_add(1, Ordering::Relaxed) as usize % COUNTER_SHARDS;
 }
@@ -326,12 +330,17 @@ impl Cache {
         self.weights.get(owner * self.nodes + reader).copied().unwrap_or(UNIT)
     }
 
-    /// True on this thread's every `sample`-th call.
+    /// True on this thread's every `sample`-th get.
     fn sampled(&self) -> bool {
-        TICK.with(|t| {
+        Self::every(&TICK, self.sample)
+    }
+
+    /// True on every `sample`-th call with the thread-local counter `tick`.
+    fn every(tick: &'static std::thread::LocalKey<Cell<u32>>, sample: u32) -> bool {
+        tick.with(|t| {
             let n = t.get().wrapping_add(1);
             t.set(n);
-            n % self.sample == 0
+            n % sample == 0
         })
     }
 
@@ -446,7 +455,7 @@ impl Cache {
 
     /// Counts a write toward the switching window (sampled like gets).
     pub(crate) fn tick_write(&self) {
-        if self.sampled() {
+        if Self::every(&WRITE_TICK, self.sample) {
             self.window(false, false, false);
         }
     }
@@ -587,6 +596,43 @@ mod tests {
         c.on_write(9, None);
         assert!(matches!(c.probe(9, 0), Probe::Miss { .. }));
         assert_eq!(c.items(), 0);
+    }
+
+    /// "Every `sample`-th get" counts gets only: writes between them do not shift the
+    /// sampling (they shared one per-thread counter, so every 4th *operation* was sampled).
+    #[test]
+    fn writes_do_not_shift_the_sampling_of_gets() {
+        std::thread::spawn(|| {
+            let c = cache(CacheMode::Raf, 4);
+            let mut admits = Vec::new();
+            for k in 1..=8 {
+                c.tick_write();
+                match c.probe(k, 0) {
+                    Probe::Miss { admit, .. } => admits.push(admit),
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(admits, [false, false, false, true, false, false, false, true]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// The state inside `switch(false)` after `enabled` is cleared and before the buckets are
+    /// emptied: a write then still fixes the cached item (writers check `len`, not `enabled`),
+    /// so a `switch(true)` at that moment serves the current value, not a stale one.
+    #[test]
+    fn an_item_left_by_a_switch_off_in_progress_is_kept_current() {
+        let c = cache(CacheMode::Raf, 1);
+        let Probe::Miss { epoch, .. } = c.probe(9, 0) else { panic!("expected a miss") };
+        c.admit(9, 90, 0, 0, epoch);
+        c.enabled.store(false, Ordering::Relaxed); // switch(false), not yet emptied
+        assert_eq!(c.probe(9, 0), Probe::Off);
+        c.on_write(9, Some((91, 0)));
+        c.enabled.store(true, Ordering::Relaxed); // a switch(true) overtakes the emptying
+        assert_eq!(c.probe(9, 0), Probe::Hit(91));
+        c.on_write(9, None);
+        assert!(matches!(c.probe(9, 0), Probe::Miss { .. }));
     }
 
     #[test]

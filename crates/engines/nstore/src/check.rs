@@ -4,6 +4,11 @@
 //!   `ins`/`upd` entry of its own key in an existing file of its kind, within the file's
 //!   written slots;
 //! - every file's header is valid and names its node; every file is in the table of its node;
+//! - the written part of a file is what recovery would read and nothing more: a variable-length
+//!   file's size words step from word 0 exactly to its tail, and beyond its tail a file is zero
+//!   (every meta word of a fixed-size file; every word of a variable-length file) — new files
+//!   are zeroed, so anything else there is stale or forged bytes that recovery would take for
+//!   entries (issue 34);
 //! - garbage accounting: each file's garbage count plus its live entries (words, for a
 //!   variable-length file) is exactly what was reserved in it;
 //! - the PM the engine owns (page-heap extents with `OWNER_ENGINE`) is exactly the node meta
@@ -93,6 +98,9 @@ pub(crate) fn check(inner: &Inner) -> Result<CheckReport> {
             return Err(layout::corrupted(format!("file {}: header changed", f.info.id)));
         }
     }
+    for f in &files {
+        beyond_tail(inner, f)?;
+    }
     accounting(&files, &pairs, &bytes_pairs)?;
     let mut allocated = 0u64;
     let mut metas = 0u64;
@@ -146,6 +154,52 @@ fn accounting(
             return Err(layout::corrupted(format!(
                 "node {} file {}: {dead} garbage + {l} live != {tail} reserved",
                 f.info.node, f.info.id
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The part of `f` beyond its tail holds nothing recovery could read as an entry, and a
+/// variable-length file's size words step exactly to its tail.
+fn beyond_tail(inner: &Inner, f: &crate::nlog::LogFile) -> Result<()> {
+    let pool = &inner.pool;
+    let tail = f.tail.load(Ordering::Acquire);
+    let (node, id) = (f.info.node, f.info.id);
+    if !f.info.var {
+        for slot in tail..f.slots {
+            let m = f.entry(pool, slot)?.meta.load(Ordering::Acquire);
+            if m != 0 {
+                return Err(layout::corrupted(format!(
+                    "node {node} file {id}: slot {slot} beyond its tail {tail} holds meta word \
+                     {m:#x} (stale or forged bytes in a log file)"
+                )));
+            }
+        }
+        return Ok(());
+    }
+    let mut off = 0;
+    while off < tail {
+        let Some(words) = layout::decode_var_size(f.var_size_at(pool, off)?, id) else {
+            return Err(layout::corrupted(format!(
+                "node {node} file {id}: no entry size at word {off}, below its tail {tail}"
+            )));
+        };
+        off += words;
+    }
+    if off != tail {
+        return Err(layout::corrupted(format!(
+            "node {node} file {id}: entries end at word {off}, its tail is {tail}"
+        )));
+    }
+    let base = f.base.add(layout::FILE_HEADER).ok_or_else(|| layout::corrupted("overflow"))?;
+    for w in tail..f.slots {
+        let p = base.add(u64::from(w) * 8).ok_or_else(|| layout::corrupted("overflow"))?;
+        let v = pool.get::<numakv_pmem::PmU64>(p)?.load(Ordering::Acquire);
+        if v != 0 {
+            return Err(layout::corrupted(format!(
+                "node {node} file {id}: word {w} beyond its tail {tail} is {v:#x} (stale or \
+                 forged bytes in a log file)"
             )));
         }
     }

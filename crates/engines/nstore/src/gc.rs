@@ -56,11 +56,10 @@ pub(crate) fn run(inner: &Inner, node: usize, idx: usize, per_node: usize) {
         // collect here, every pass.
         epoch::pin().flush();
         drain_retired(inner);
-        if collect(inner, node, idx, per_node).is_err() {
-            // E.g. out of space for the rewrites, or the pool crashed: the file stays as it was
-            // (every step is crash-safe on its own) and the next pass tries again.
-            inner.counters.gc_errors.fetch_add(1, Ordering::Relaxed);
-        }
+        // An error (e.g. out of space for the rewrites, or the pool crashed) leaves its file as
+        // it was (every step is crash-safe on its own; `collect` counted it) and the next pass
+        // tries again.
+        let _ = collect(inner, node, idx, per_node);
         // The pass's PM lines (rewrites, invalidations, frees) go into the thread's published
         // totals, where a benchmark's counted phase finds them (docs/design.md §11).
         numakv_pmem::account::op_split();
@@ -78,14 +77,62 @@ pub(crate) fn eligible(inner: &Inner, f: &LogFile) -> bool {
         && !f.claimed.load(Ordering::Acquire)
 }
 
+/// How long GC passes must find an active file unchanged before it counts as idle.
+pub(crate) const IDLE_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Milliseconds since the first call in this process, plus 1 (so never 0).
+pub(crate) fn clock_ms() -> u64 {
+    static T0: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    T0.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// Seals `f` when it is an active file that no write reached for [`IDLE_TIME`] (as seen by the
+/// passes over it) and whose garbage share is above the threshold, so that the pass (and
+/// later ones) can reclaim it. The paper reclaims full files only; without this, the garbage in
+/// the active files of idle clusters — up to clusters × 2 kinds × `log_file_size` per node —
+/// stayed for good. The cluster's next write allocates a new file of the first file's size.
+/// (Time, not a number of passes: with a 1 ms `gc_interval` a few passes are no idleness, and
+/// sealing busy files churns files and retires for nothing.)
+fn seal_if_idle(inner: &Inner, f: &LogFile) {
+    // ORDERING: Acquire; pairs with the Release stores of `sealed` and `tail` in Nlog.
+    if f.sealed.load(Ordering::Acquire) {
+        return;
+    }
+    let tail = f.tail.load(Ordering::Acquire);
+    let now = clock_ms();
+    // ORDERING: Relaxed: a heuristic of the GC passes over this file (one at a time per file:
+    // a file belongs to one GC thread's share, and `collect_garbage` only races it benignly).
+    if f.seen_tail.swap(tail, Ordering::Relaxed) != tail {
+        f.idle_since.store(0, Ordering::Relaxed);
+        return;
+    }
+    let since = f.idle_since.load(Ordering::Relaxed);
+    if since == 0 {
+        f.idle_since.store(now, Ordering::Relaxed);
+        return;
+    }
+    if now - since >= IDLE_TIME.as_millis() as u64 && f.dead_share() > inner.opts.gc_threshold {
+        inner.nlog.seal_if_active(f);
+    }
+}
+
 /// One pass over `node`'s files (those with `id % per_node == idx`); returns files reclaimed.
+/// A file whose reclaim fails (no space for its rewrites, a bad address) is left for a later
+/// pass and the pass goes on with the next file — one such file must not keep the node's other
+/// files, 100 % garbage ones among them (which need no rewrite space), from being reclaimed.
+/// The pass returns the first error only when it reclaimed nothing.
 pub(crate) fn collect(inner: &Inner, node: usize, idx: usize, per_node: usize) -> Result<u64> {
     let mut reclaimed = 0;
+    let mut failed = None;
     for f in inner.nlog.files_of(node) {
         if inner.stop.load(Ordering::Acquire) {
             break;
         }
-        if f.info.id as usize % per_node.max(1) != idx || !eligible(inner, &f) {
+        if f.info.id as usize % per_node.max(1) != idx {
+            continue;
+        }
+        seal_if_idle(inner, &f);
+        if !eligible(inner, &f) {
             continue;
         }
         // Not while a `check()` runs (it holds the gate exclusively).
@@ -104,11 +151,15 @@ pub(crate) fn collect(inner: &Inner, node: usize, idx: usize, per_node: usize) -
             Err(e) => {
                 // Every step is crash-safe on its own, so a later pass may retry the file.
                 f.claimed.store(false, Ordering::Release);
-                return Err(e);
+                inner.counters.gc_errors.fetch_add(1, Ordering::Relaxed);
+                failed.get_or_insert(e);
             }
         }
     }
-    Ok(reclaimed)
+    match failed {
+        Some(e) if reclaimed == 0 => Err(e),
+        _ => Ok(reclaimed),
+    }
 }
 
 /// Walks `key`'s history from the entry with `version` whose parent is `h`, and marks it `inv`,
@@ -169,6 +220,9 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
     }
     let node = f.info.node;
     let tail = f.tail.load(Ordering::Acquire);
+    // Everything reserved in `f` is below `tail` from here on: `f` is sealed, and a sealed file
+    // is never written again (issue 34: a write after this read was lost with the file).
+    numakv_pmem::pause_point!("nstore.gc.tail_read");
     for slot in 0..tail {
         if inner.stop.load(Ordering::Acquire) {
             return Ok(false);
@@ -192,6 +246,8 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
             let value = e.value.load(Ordering::Acquire);
             let cluster = inner.nlog.cluster_of(crate::hash(key));
             let (nf, s) = inner.nlog.reserve(node, cluster, Need::Gc)?;
+            // A file being reclaimed is sealed, and a sealed file is never active.
+            debug_assert!(!Arc::ptr_eq(&nf, f), "GC reserved in the file it reclaims");
             let v = inner.nlog.next_version(cluster);
             let new = inner.nlog.write(&nf, s, Op::Ins, v, va.0, key, value)?;
             inner.index.set(key, new);
@@ -215,6 +271,9 @@ fn reclaim(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
 fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
     let node = f.info.node;
     let tail = f.tail.load(Ordering::Acquire);
+    // Everything reserved in `f` is below `tail` from here on: `f` is sealed, and a sealed file
+    // is never written again (issue 34: a write after this read was lost with the file).
+    numakv_pmem::pause_point!("nstore.gc.tail_read");
     let mut off = 0;
     while off < tail {
         if inner.stop.load(Ordering::Acquire) {
@@ -242,6 +301,7 @@ fn reclaim_var(inner: &Inner, f: &Arc<LogFile>) -> Result<bool> {
         if op != Op::Del && inner.bindex.get(&key) == Some(va) {
             let cluster = inner.nlog.cluster_of(h);
             let (nf, s) = inner.nlog.reserve_var(node, cluster, words, Need::Gc)?;
+            debug_assert!(!Arc::ptr_eq(&nf, f), "GC reserved in the file it reclaims");
             let v = inner.nlog.next_version(cluster);
             let new = inner.nlog.write_var(&nf, s, Op::Ins, v, va.0, &key, &value)?;
             inner.bindex.set(&key, new);

@@ -35,9 +35,11 @@
 //! ```
 //!
 //! `meta` is written last, in one 8-byte store, after the rest of the entry is durable: an entry
-//! is valid iff its stamp equals the file's id and its op is not `inv`. Stale bytes of a page that
-//! belonged to an earlier file carry that file's (different) id, and a torn entry's meta never
-//! became durable, so neither needs the file to be zeroed first.
+//! is valid iff its stamp equals the file's id and its op is not `inv`. A torn entry's meta never
+//! became durable. A new file is zeroed (durably, before its header) because the stamp alone does
+//! not reject stale bytes: stale *entries* carry their file's different id, but the pages may
+//! also hold client values shaped as entries stamped with the (predictable) id of the next file
+//! (docs/design.md, "NStore", Nlog files).
 
 use std::sync::atomic::Ordering;
 

@@ -12,7 +12,8 @@
 //!   32 gets, switched off and on by three workload signals; plain LFU and no-cache variants.
 //! - **GC** ([`gc`](crate::gc)): per-node threads walk `h_addr` history chains to mark history
 //!   entries invalid, then reclaim files whose garbage share exceeds `gc_threshold` by rewriting
-//!   their live entries into the local active file.
+//!   their live entries into the local active file; an active file left idle with garbage above
+//!   the threshold is sealed and reclaimed too.
 //! - **Scans** ([`scan`](crate::scan)): addresses from the index, values read by per-node local
 //!   read threads.
 //! - **Recovery** ([`recovery`](crate::recovery), [`snapshot`](crate::snapshot)): a clean
@@ -31,6 +32,10 @@
 //! - `nstore.new_file.allocated` (pause): a new log file's extent is allocated (durably) and its
 //!   header is not written yet — the window in which a power failure leaves an extent whose
 //!   header is whatever its pages held before.
+//! - `nstore.gc.tail_read` (pause): a GC reclaim read the tail of the sealed file it reclaims
+//!   and has not read its entries yet (nothing may be reserved in the file from here on).
+//! - `nstore.scan.listed` (pause): a scan read its window of addresses from the index and has
+//!   not read the values yet.
 //! - `nstore.vindex.scan_min_read` (pause): a volatile-index scan read the smallest key and has
 //!   not iterated yet (a smaller key inserted now must not be returned by a scan from above it).
 //!
@@ -267,6 +272,20 @@ pub(crate) fn my_node(nodes: usize) -> usize {
     numakv_numa::current_node() % nodes.max(1)
 }
 
+/// The error of an index entry that still names `va` after its file was found gone. GC points
+/// the index at a moved entry's copy before it unlinks the old file (and a reader that finds the
+/// file gone has synchronised with the unlink), and addresses are never reused, so a second
+/// index read that still returns `va` means the index names a file that no longer exists — a
+/// broken store, not a race: report it instead of retrying forever.
+fn dangling(va: VAddr) -> Error {
+    layout::corrupted(format!(
+        "the index names {:#x}, whose file {} of node {} no longer exists",
+        va.0,
+        va.file(),
+        va.node()
+    ))
+}
+
 /// What a write does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WriteKind {
@@ -370,6 +389,9 @@ impl Inner {
             let Some(e) = self.nlog.locate_var(va)? else {
                 // Reclaimed by GC after the index was read: read the index again.
                 self.counters.read_retries.fetch_add(1, Ordering::Relaxed);
+                if self.bindex.get(key) == Some(va) {
+                    return Err(dangling(va));
+                }
                 continue;
             };
             numakv_pmem::pause_point!("nstore.get_bytes.located");
@@ -457,6 +479,9 @@ impl Inner {
             let Some(va) = self.index.get(key) else { return Ok(None) };
             if let Some(v) = self.read_at(key, va)? {
                 return Ok(Some((v, va)));
+            }
+            if self.index.get(key) == Some(va) {
+                return Err(dangling(va));
             }
         }
     }
@@ -552,17 +577,22 @@ impl NStore {
     pub fn gc_quiesce(&self, timeout: Duration) -> Result<bool> {
         let t0 = std::time::Instant::now();
         loop {
-            let n = self.collect_garbage()?;
+            let n = match self.collect_garbage() {
+                Ok(n) => n,
+                // No room for a reclaim's rewrites (yet): the files retired before it are freed
+                // only after their grace period, which other threads' pins may delay. Not an
+                // error of the quiesce: it waits for those frees like for everything else.
+                Err(e) if e.is_out_of_space() => 0,
+                Err(e) => return Err(e),
+            };
             let inner = &self.inner;
+            epoch::pin().flush();
+            gc::drain_retired(inner);
             // ORDERING: Acquire; pairs with the AcqRel decrement after a reclaim.
             let idle = inner.counters.gc_busy.load(Ordering::Acquire) == 0
                 && !inner.nlog.all_files().iter().any(|f| gc::eligible(inner, f));
-            if n == 0 && idle {
-                epoch::pin().flush();
-                gc::drain_retired(inner);
-                if inner.retired.lock().is_empty() {
-                    return Ok(true);
-                }
+            if n == 0 && idle && inner.retired.lock().is_empty() {
+                return Ok(true);
             }
             if t0.elapsed() >= timeout {
                 return Ok(false);

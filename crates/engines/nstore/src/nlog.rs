@@ -6,7 +6,12 @@
 //! - Files are page-heap extents (owner `OWNER_ENGINE`, aux `AUX_LOG`). The page heap's
 //!   descriptor table is the persistent file table: recovery finds every file by listing the
 //!   extents, and allocation/free are its failure-atomic commit points.
-//! - A full active file is sealed (read-only from then on) and a new one is allocated at once.
+//! - A new file's extent is zeroed durably before its header is written (§III-E), so that no
+//!   stale byte of the pages — a client's value shaped as entries among them — is read as one of
+//!   its entries.
+//! - A full active file is sealed (read-only from then on) and a new one is allocated at once. A
+//!   sealed file leaves its active slot at once: no reservation, GC's included, ever lands in a
+//!   sealed file (one GC may be reclaiming or have freed).
 //!   File sizes adapt (docs/design.md, "NStore", Space): the first file of a (node, cluster) is
 //!   small ([`FIRST_FILE_BYTES`]) and each next one doubles, up to the format's `log_file_size`,
 //!   so a store with many clusters and few keys holds little PM.
@@ -34,6 +39,12 @@ use crate::layout::{
     VAddr, VarHead, AUX_LOG, ENTRY_SIZE, ENTRY_WORDS, FILE_HEADER, ID_BATCH, MAX_FILE_ID,
     OWNER_ENGINE, VAR_HEAD,
 };
+
+/// Most reservations of one fixed-size file in flight at once (reserved, entry not yet durable):
+/// a reservation waits while a file has this many. So at most this many unwritten slots can
+/// precede a written one after a crash, and recovery stops reading a file after that many
+/// unwritten slots in a row (`recovery::MAX_GAP`) without missing an entry.
+pub(crate) const MAX_PENDING: u32 = numakv_numa::MAX_THREADS as u32;
 
 /// The size a (node, cluster)'s first log file aims at (rounded up to a page, at most the
 /// format's `log_file_size`); each next file of it doubles.
@@ -133,6 +144,11 @@ pub(crate) struct LogFile {
     /// Taken by the GC pass that reclaims the file, so that two passes (a GC thread and
     /// [`crate::NStore::collect_garbage`]) never reclaim — and free — the same file twice.
     pub claimed: AtomicBool,
+    /// GC's view of an active file's activity ([`crate::gc`]: idle active files are sealed and
+    /// collected): the tail at its previous pass over the file (`u32::MAX`: none yet) ...
+    pub seen_tail: AtomicU32,
+    /// ... and since when (`gc::clock_ms`) the passes found it unchanged (0: it changed).
+    pub idle_since: AtomicU64,
 }
 
 impl LogFile {
@@ -146,6 +162,8 @@ impl LogFile {
             sealed: AtomicBool::new(sealed),
             dead: AtomicU32::new(0),
             claimed: AtomicBool::new(false),
+            seen_tail: AtomicU32::new(u32::MAX),
+            idle_since: AtomicU64::new(0),
         }
     }
 
@@ -442,8 +460,12 @@ impl Nlog {
         };
         drop(ids);
         numakv_pmem::pause_point!("nstore.new_file.allocated");
-        let info =
-            FileInfo { id, node, cluster, size: u64::from(pages) * self.pool.page_size(), var };
+        let size = u64::from(pages) * self.pool.page_size();
+        if let Err(e) = self.zero_extent(base, size) {
+            let _ = free_file_extent(&self.pool, base);
+            return Err(e);
+        }
+        let info = FileInfo { id, node, cluster, size, var };
         let h: &FileHeader = self.pool.get(base)?;
         info.write(h);
         // PERSIST: the header is durable before any entry of the file can be (entries are
@@ -454,6 +476,26 @@ impl Nlog {
         let f = Arc::new(LogFile::new(info, base, 0, false));
         self.tables[node].insert(Arc::clone(&f));
         Ok(f)
+    }
+
+    /// Zeroes the `size` bytes of a new file's extent at `base` durably, before its header is
+    /// written (papers/nstore.txt §III-E: "each active file is initialized with 0"). The pages
+    /// may hold anything an earlier extent left there — entries of a freed file, the key bytes
+    /// of a snapshot, the values clients stored, which can be shaped as entries stamped with
+    /// the id this file is about to get (ids are predictable). Zeroed, a slot of this file
+    /// holds an entry only if this file wrote one (docs/design.md, "NStore", Nlog files).
+    fn zero_extent(&self, base: PPtr, size: u64) -> Result<()> {
+        let len = usize::try_from(size).map_err(|_| layout::corrupted("file size overflows"))?;
+        let bytes = self.pool.bytes(base, len)?;
+        // SAFETY: the extent was just allocated by this thread and nothing refers to it yet (no
+        // header, not in the file table): nothing else reads or writes these bytes.
+        if !unsafe { bytes.fill(0, len, 0) } {
+            return Err(layout::corrupted("file extent out of range"));
+        }
+        // PERSIST: the zeroed extent is durable before the header that makes it a file, so
+        // recovery never reads stale bytes as entries of this file.
+        self.pool.persist(bytes.as_ptr(), len);
+        Ok(())
     }
 
     /// Allocates the next file of `active` (its size doubling up to the format's) and makes it
@@ -473,6 +515,30 @@ impl Nlog {
         Ok(f)
     }
 
+    /// Seals the active file of `active` (if any) and takes it out of the slot: a sealed file
+    /// is never the active file, so no reservation — a write's or GC's — ever lands in a file
+    /// that GC may reclaim (or has freed) and no file is written after GC read its tail.
+    fn seal_active(active: &mut Active) {
+        if let Some(f) = active.file.take() {
+            // ORDERING: Release; GC's Acquire load of `sealed` then sees the final tail.
+            f.sealed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Seals `f` if it is still the active file of its (node, cluster, kind) (GC, for an idle
+    /// active file whose garbage share passed the threshold); whether it is sealed now. The
+    /// next write of the cluster allocates a new file, of the first file's size.
+    pub(crate) fn seal_if_active(&self, f: &LogFile) -> bool {
+        let slot = self.active_slot(f.info.node, f.info.cluster, f.info.var);
+        let mut active = self.actives[slot].lock();
+        if active.file.as_ref().is_some_and(|a| std::ptr::eq(Arc::as_ptr(a), f)) {
+            Self::seal_active(&mut active);
+            active.next_pages = self.first_pages;
+        }
+        // ORDERING: Acquire; pairs with the Release store in `seal_active`.
+        f.sealed.load(Ordering::Acquire)
+    }
+
     /// Reserves a slot in the active file of (`node`, `cluster`), replacing a full file (a new
     /// file as `need` may allocate). The caller must write the slot with [`Nlog::write`], which
     /// releases the reservation.
@@ -482,19 +548,31 @@ impl Nlog {
         cluster: u32,
         need: Need,
     ) -> Result<(Arc<LogFile>, u32)> {
-        let mut active = self.actives[self.active_slot(node, cluster, false)].lock();
-        if let Some(f) = active.file.as_ref() {
-            // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file.
+        let slot = self.active_slot(node, cluster, false);
+        let mut active = self.actives[slot].lock();
+        while let Some(f) = active.file.as_ref() {
+            // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file
+            // (and every store of `sealed` to an active file is made under it too).
             let t = f.tail.load(Ordering::Relaxed);
-            if t < f.slots {
-                f.pending.fetch_add(1, Ordering::AcqRel);
-                f.tail.store(t + 1, Ordering::Release);
-                return Ok((Arc::clone(f), t));
+            if f.sealed.load(Ordering::Relaxed) || t >= f.slots {
+                Self::seal_active(&mut active);
+                break;
             }
-            // ORDERING: Release; GC's Acquire load of `sealed` then sees the final tail.
-            f.sealed.store(true, Ordering::Release);
+            // ORDERING: Acquire; pairs with the Release decrement in `write`.
+            if f.pending.load(Ordering::Acquire) >= MAX_PENDING {
+                // Recovery's bound on unwritten slots in a row (`recovery::MAX_GAP`): wait
+                // for a writer of this file to finish before reserving another slot.
+                drop(active);
+                std::thread::yield_now();
+                active = self.actives[slot].lock();
+                continue;
+            }
+            f.pending.fetch_add(1, Ordering::AcqRel);
+            f.tail.store(t + 1, Ordering::Release);
+            return Ok((Arc::clone(f), t));
         }
-        // On OutOfSpace nothing was reserved and the old (full, sealed) file stays.
+        // The old file, if any, is sealed and no longer active: on OutOfSpace nothing was
+        // reserved and the next write tries to allocate again.
         let f = self.replace_active(&mut active, node, cluster, false, need)?;
         f.pending.fetch_add(1, Ordering::AcqRel);
         f.tail.store(1, Ordering::Release);
@@ -516,13 +594,18 @@ impl Nlog {
     ) -> Result<(Arc<LogFile>, u32)> {
         let mut active = self.actives[self.active_slot(node, cluster, true)].lock();
         let f = match active.file.as_ref() {
-            // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file.
-            Some(f) if f.tail.load(Ordering::Relaxed) + words <= f.slots => Arc::clone(f),
-            old => {
-                if let Some(f) = old {
-                    // ORDERING: Release; GC's Acquire load of `sealed` then sees the final tail.
-                    f.sealed.store(true, Ordering::Release);
-                }
+            // ORDERING: Relaxed under the cluster lock, which orders all reservations of a file
+            // (and every store of `sealed` to an active file is made under it too). A sealed
+            // file takes no entry, even one that would fit: GC may be reclaiming it, or may
+            // have freed it already (issue 34).
+            Some(f)
+                if !f.sealed.load(Ordering::Relaxed)
+                    && f.tail.load(Ordering::Relaxed) + words <= f.slots =>
+            {
+                Arc::clone(f)
+            }
+            _ => {
+                Self::seal_active(&mut active);
                 let f = self.replace_active(&mut active, node, cluster, true, need)?;
                 if words > f.slots {
                     return Err(Error::InvalidOptions(format!(
@@ -631,5 +714,53 @@ impl Nlog {
         // every reserved entry complete.
         f.pending.fetch_sub(1, Ordering::Release);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use numakv_index::Engine;
+    use numakv_pmem::{Pool, PoolConfig};
+
+    use super::*;
+    use crate::{NStore, NStoreOptions};
+
+    /// A file with `MAX_PENDING` reservations in flight takes no more until one is written:
+    /// recovery relies on at most that many unwritten slots before a written one.
+    #[test]
+    fn reservations_in_flight_are_bounded() {
+        let pool = Pool::volatile(PoolConfig::new(NStore::engine_id(), 8 << 20)).unwrap();
+        let opts = NStoreOptions {
+            clusters: 1,
+            log_file_size: 64 << 10, // 1637 slots: room beyond the bound
+            gc_threads_per_node: 0,
+            ..Default::default()
+        };
+        let s = NStore::create(pool, &opts).unwrap();
+        let nlog = &s.inner.nlog;
+        let held: Vec<(Arc<LogFile>, u32)> =
+            (0..MAX_PENDING).map(|_| nlog.reserve(0, 0, Need::Put).unwrap()).collect();
+        assert!(held.iter().all(|(f, _)| Arc::ptr_eq(f, &held[0].0)), "one file");
+        assert!(u64::from(held[0].0.slots) > u64::from(MAX_PENDING) + 1);
+        std::thread::scope(|t| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            t.spawn(move || tx.send(nlog.reserve(0, 0, Need::Put).unwrap()).unwrap());
+            // It must wait; if the bound were missing it would answer at once.
+            assert!(
+                rx.recv_timeout(Duration::from_millis(300)).is_err(),
+                "a reservation beyond {MAX_PENDING} in flight was granted"
+            );
+            let (f, slot) = &held[0];
+            nlog.write(f, *slot, Op::Ins, 1, 0, 7, 7).unwrap();
+            let (g, next) = rx.recv_timeout(Duration::from_secs(60)).expect("still waiting");
+            assert!(Arc::ptr_eq(f, &g));
+            assert_eq!(next, MAX_PENDING);
+            nlog.write(&g, next, Op::Ins, 2, 0, 8, 8).unwrap();
+        });
+        for (f, slot) in &held[1..] {
+            nlog.write(f, *slot, Op::Ins, 3, 0, u64::from(*slot) + 100, 0).unwrap();
+        }
     }
 }

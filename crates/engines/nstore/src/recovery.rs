@@ -32,8 +32,8 @@ use crate::vindex::{SccBytesIndex, SccIndex, VolatileBytesIndex, VolatileIndex};
 use crate::{snapshot, Inner, NStore, NStoreOptions};
 
 /// Unwritten slots in a row after which a file has no written slot further on (see
-/// `scan_cluster`).
-const MAX_GAP: u32 = numakv_numa::MAX_THREADS as u32;
+/// `scan_cluster`): reservations wait while a file has this many in flight.
+const MAX_GAP: u32 = crate::nlog::MAX_PENDING;
 
 /// What the scan found in one cluster.
 #[derive(Debug, Default)]
@@ -328,10 +328,10 @@ fn scan_cluster(
         }
         let mut tail = 0;
         for slot in 0..f.slots {
-            // Slots are reserved in order and each thread holds at most one reservation at a
-            // time, so unwritten (torn) slots before a written one number fewer than the threads
-            // that can run: after MAX_THREADS unwritten slots in a row nothing was ever written
-            // further on, and the rest of the file — often most of an active file — is skipped.
+            // Slots are reserved in order and a reservation waits while its file has MAX_GAP
+            // in flight (`Nlog::reserve`), so at most MAX_GAP unwritten (torn) slots precede a
+            // written one: after more unwritten slots in a row nothing was ever written further
+            // on, and the rest of the file — often most of an active file — is skipped.
             if slot - tail > MAX_GAP {
                 break;
             }

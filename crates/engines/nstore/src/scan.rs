@@ -86,8 +86,13 @@ fn reader(inner: &Inner, node: usize, rx: &Mutex<Receiver<Job>>) {
     loop {
         let job = rx.lock().recv();
         let Ok(job) = job else { return };
+        // Pinned for the reads themselves: the caller's guard keeps the files alive only while
+        // the caller waits, and a caller that gives up early (another node's batch failed)
+        // must not leave this thread reading pages GC may free.
+        let guard = epoch::pin();
         let out: Result<Vec<_>> =
             job.items.iter().map(|&(i, k, va)| inner.read_at(k, va).map(|v| (i, v))).collect();
+        drop(guard);
         // This thread's reads are part of the caller's scan: close them into the thread's
         // totals (no operation of its own), so that the accounting sees them.
         numakv_pmem::account::op_split();
@@ -98,7 +103,10 @@ fn reader(inner: &Inner, node: usize, rx: &Mutex<Receiver<Job>>) {
     }
 }
 
-/// [`numakv_index::Index::scan`] for NStore.
+/// [`numakv_index::Index::scan`] for NStore: up to `max` pairs from the first key ≥ `start`.
+/// A key the index listed that is gone by the time its value is read (GC moved it, then it was
+/// deleted) leaves a hole, which is filled from the keys after the window, so that a batch
+/// comes back short only at the end of the keys (a caller pages until a short batch).
 pub(crate) fn scan(
     inner: &Inner,
     pool: Option<&ScanPool>,
@@ -106,9 +114,36 @@ pub(crate) fn scan(
     max: usize,
     out: &mut Vec<(u64, u64)>,
 ) -> Result<usize> {
+    let before = out.len();
+    let mut from = start;
+    loop {
+        let want = max - (out.len() - before);
+        let (last, listed) = scan_window(inner, pool, from, want, out)?;
+        let got = out.len() - before;
+        // The index had fewer keys than asked for: the end of the keys.
+        if got >= max || listed < want {
+            return Ok(got);
+        }
+        match last.checked_add(1).filter(|&k| k < u64::MAX) {
+            Some(k) => from = k,
+            None => return Ok(got),
+        }
+    }
+}
+
+/// One window of [`scan`]: the index's first `max` keys from `start`, with their values; returns
+/// the last key listed and how many were listed.
+fn scan_window(
+    inner: &Inner,
+    pool: Option<&ScanPool>,
+    start: u64,
+    max: usize,
+    out: &mut Vec<(u64, u64)>,
+) -> Result<(u64, usize)> {
     let _guard = epoch::pin();
     let mut addrs = Vec::with_capacity(max.min(1024));
     inner.index.scan(start, max, &mut addrs);
+    numakv_pmem::pause_point!("nstore.scan.listed");
     let mut values: Vec<Option<u64>> = vec![None; addrs.len()];
     let me = my_node(inner.nlog.nodes);
     let mut batches: Vec<Vec<(usize, u64, VAddr)>> = vec![Vec::new(); inner.nlog.nodes];
@@ -121,6 +156,9 @@ pub(crate) fn scan(
     if let Some(pool) = pool {
         let (tx, rx) = mpsc::channel();
         let mut sent = 0;
+        // The first error; returned only once every batch sent is answered (the read threads
+        // pin their own guards, but the replies name positions of this call's vectors).
+        let mut failed = None;
         for (n, items) in batches.into_iter().enumerate() {
             if items.is_empty() {
                 continue;
@@ -129,7 +167,12 @@ pub(crate) fn scan(
             if let Err(mpsc::SendError(job)) = pool.senders[n].lock().send(job) {
                 // The read threads are gone (shutdown in progress): read here.
                 for (i, k, va) in job.items {
-                    values[i] = inner.read_at(k, va)?;
+                    match inner.read_at(k, va) {
+                        Ok(v) => values[i] = v,
+                        Err(e) => {
+                            failed.get_or_insert(e);
+                        }
+                    }
                 }
                 continue;
             }
@@ -138,12 +181,21 @@ pub(crate) fn scan(
         drop(tx);
         for _ in 0..sent {
             let Ok(r) = rx.recv() else { break };
-            for (i, v) in r? {
-                values[i] = v;
+            match r {
+                Ok(r) => {
+                    for (i, v) in r {
+                        values[i] = v;
+                    }
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
             }
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
     }
-    let before = out.len();
     for (i, &(k, _)) in addrs.iter().enumerate() {
         let v = match values[i] {
             Some(v) => Some(v),
@@ -154,5 +206,5 @@ pub(crate) fn scan(
             out.push((k, v));
         }
     }
-    Ok(out.len() - before)
+    Ok((addrs.last().map_or(start, |a| a.0), addrs.len()))
 }

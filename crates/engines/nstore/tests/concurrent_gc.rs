@@ -1,6 +1,7 @@
 //! Writers, readers and scanners race the background GC threads (every millisecond, low
 //! threshold, tiny files): every get returns the value its key's owner wrote last, every scan is
-//! ascending and agrees with the owners' records, and the final store is exact and leak-free.
+//! ascending, agrees with the owners' records and returns no value older than one acknowledged
+//! before it began, and the final store is exact and leak-free.
 
 mod common;
 
@@ -55,16 +56,26 @@ fn gc_races_writers_readers_and_scans() {
                 }
             }));
         }
-        let (s, done) = (&s, &done);
+        let (s, done, acked) = (&s, &done, &acked);
         sc.spawn(move || {
             numakv_numa::set_current_node(1);
             let mut out = Vec::new();
             while !done.load(Ordering::Relaxed) {
+                // What was acknowledged before the scan: a key's values only grow (v = i << 8
+                // | w, i counting up), so a scan must return at least that for a present key
+                // (never an older value, e.g. a copy GC moved or a stale address).
+                let before: Vec<u64> = acked.iter().map(|a| a.load(Ordering::Acquire)).collect();
                 out.clear();
                 s.scan(1, usize::MAX, &mut out).unwrap();
                 assert!(out.windows(2).all(|p| p[0].0 < p[1].0), "scan not ascending");
                 for &(k, v) in &out {
                     assert!((1..=KEYS).contains(&k) && v & 0xff == (k - 1) % WRITERS, "bad pair");
+                    assert!(
+                        v >= before[k as usize],
+                        "key {k}: scan returned {v:#x}, older than \
+                         the {:#x} acknowledged before it",
+                        before[k as usize]
+                    );
                 }
             }
         });

@@ -6,6 +6,7 @@
 
 mod common;
 
+use numakv_index::Index;
 use numakv_pmem::failpoint::Scenario;
 use numakv_pmem::{PersistMode, SimMode};
 
@@ -17,9 +18,10 @@ fn a_reclaim_stopped_midway_keeps_the_accounting() {
     let model = common::churn(&s, 2_000);
     let sc = Scenario::setup();
     let point = sc.fail("nstore.gc.rewritten", Some(1));
-    let e = s.collect_garbage().expect_err("the armed point stops the first reclaim");
-    assert!(e.is_out_of_space(), "{e}");
-    assert_eq!(point.hits(), 1);
+    // The armed point stops the first reclaim; the pass goes on with the other files.
+    s.collect_garbage().expect("the pass goes on after the stopped reclaim");
+    assert!(point.hits() > 1, "the pass rewrote more after the failure");
+    assert_eq!(s.stats().counter("gc_errors"), Some(1));
     drop(point);
     common::verify(&s, &model, "after a reclaim stopped midway");
     assert!(s.collect_garbage().unwrap() > 0, "a later pass reclaims the files");

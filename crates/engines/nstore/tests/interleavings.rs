@@ -20,9 +20,10 @@ fn an_interrupted_reclaim_leaves_exact_garbage_counts() {
     {
         let sc = Scenario::setup();
         let fail = sc.fail("nstore.gc.rewritten", Some(1));
-        let e = s.collect_garbage().expect_err("the injected failure stops the pass");
-        assert!(e.is_out_of_space(), "{e}");
-        assert_eq!(fail.hits(), 1);
+        // The injected failure stops one reclaim; the pass goes on with the other files.
+        s.collect_garbage().expect("the pass goes on after the stopped reclaim");
+        assert!(fail.hits() > 1, "the pass rewrote more after the failure");
+        assert_eq!(s.stats().counter("gc_errors"), Some(1));
     }
     common::verify(&s, &model, "after an interrupted reclaim");
     // Power failure: the rescan counts the rewritten original as garbage too.

@@ -290,18 +290,26 @@ fn background_gc_races_variable_length_writers_and_readers() {
     let models: Vec<Model> = std::thread::scope(|sc| {
         let reader = sc.spawn(|| {
             let mut reads = 0u64;
+            // The newest round read per key: one writer writes a key's rounds in order, so a
+            // later read never returns an earlier round (a stale copy, an old address).
+            let mut seen = vec![0u64; 2 * n as usize + 1];
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for i in (1..=2 * n).step_by(7) {
                     // Every value read is one that was written for key i, whole.
                     if let Some(v) = s.get_bytes(&key(i)).unwrap() {
-                        let ok = (0..MAX_ROUNDS).any(|round| {
+                        let round = (0..MAX_ROUNDS).find(|&round| {
                             let len = ((i + round * 37) % 200) as usize;
                             v.len() == len
                                 && v.iter().enumerate().all(|(j, &b)| {
                                     b == (i as usize * 31 + round as usize * 7 + j) as u8
                                 })
                         });
-                        assert!(ok, "key {i}: a value never written for it: {v:?}");
+                        let Some(round) = round else {
+                            panic!("key {i}: a value never written for it: {v:?}")
+                        };
+                        let last = &mut seen[i as usize];
+                        assert!(round >= *last, "key {i}: round {round} read after round {last}");
+                        *last = round;
                         reads += 1;
                     }
                 }

@@ -26,8 +26,12 @@ impl<E: Engine> Kit<E> {
     /// index equals the union of the models, `check()` passes, and so it does after a reopen.
     pub fn concurrent_disjoint(&self) -> Verdict {
         let seed = seed();
-        self.disjoint_seeded(seed)
-            .map_err(|v| Violation(format!("concurrent_disjoint (NUMAKV_TEST_SEED={seed}): {v}")))
+        self.disjoint_seeded(seed).map_err(|v| {
+            Violation(format!(
+                "concurrent_disjoint (NUMAKV_TEST_SEED={seed}){}: {v}",
+                numakv_pmem::chaos::note()
+            ))
+        })
     }
 
     fn disjoint_seeded(&self, seed: u64) -> Verdict {
@@ -89,8 +93,12 @@ impl<E: Engine> Kit<E> {
     /// of each key's history (scans count as one atomic observation per key they cover).
     pub fn concurrent_shared(&self) -> Verdict {
         let seed = seed();
-        self.shared_seeded(seed)
-            .map_err(|v| Violation(format!("concurrent_shared (NUMAKV_TEST_SEED={seed}): {v}")))
+        self.shared_seeded(seed).map_err(|v| {
+            Violation(format!(
+                "concurrent_shared (NUMAKV_TEST_SEED={seed}){}: {v}",
+                numakv_pmem::chaos::note()
+            ))
+        })
     }
 
     fn shared_seeded(&self, seed: u64) -> Verdict {
@@ -203,6 +211,7 @@ impl<E: Engine> Kit<E> {
         );
         linearize::check_history(&initial, events, &last, 1..=keys).map_err(Violation)?;
         check_entries(&e, &last)?;
+        self.check_gates("concurrent_shared", &[e.stats()])?;
         e.close().or_else(|err| fail("close()", err))
     }
 }

@@ -92,7 +92,7 @@ impl Round<'_> {
                 result == kind.expected_result(before),
                 "writer {w}: {kind:?}({k}) returned {result:?} with acknowledged state {before:x?}"
             );
-            self.model.ack(k, kind.apply(before, arg));
+            self.model.ack(k, kind.apply(before, arg), arg);
         }
         Ok(())
     }
@@ -104,12 +104,14 @@ impl Round<'_> {
         // ORDERING: Relaxed; `done` only ends the loop, it guards no data.
         while !done.load(Ordering::Relaxed) && !(self.crashed)() {
             let k = rng.gen_range(1..=self.model.keys());
+            let floor = self.model.last_acked_seq(k);
             let got = e.get(k);
             if (self.crashed)() {
                 break;
             }
             match got {
                 Ok(Some(v)) if self.durable_reads => self.model.observed(k, v),
+                Ok(None) if self.durable_reads => self.model.observed_absent(k, floor),
                 Ok(_) => {}
                 Err(err) => return fail(format!("reader: get({k})"), err),
             }
@@ -210,8 +212,12 @@ impl<E: Engine> Kit<E> {
     /// recovers — crashing again during recovery in some rounds — and verifies.
     pub fn crash_shadow(&self) -> Verdict {
         let seed = seed();
-        self.crash_shadow_seeded(seed)
-            .map_err(|v| Violation(format!("crash_shadow (NUMAKV_TEST_SEED={seed}): {v}")))
+        self.crash_shadow_seeded(seed).map_err(|v| {
+            Violation(format!(
+                "crash_shadow (NUMAKV_TEST_SEED={seed}){}: {v}",
+                numakv_pmem::chaos::note()
+            ))
+        })
     }
 
     fn crash_shadow_seeded(&self, seed: u64) -> Verdict {
@@ -222,6 +228,7 @@ impl<E: Engine> Kit<E> {
         let mut engine = self.create_in(&path, PersistMode::Adr, SimMode::Shadow)?;
         let rounds = 10 * self.scale as u64;
         let mut tally = Tally::default();
+        let mut round_stats = Vec::new();
         for round in 1..=rounds {
             let ctx = |v: Violation| Violation(format!("round {round}: {v}"));
             let pool = engine.pool().clone();
@@ -240,6 +247,7 @@ impl<E: Engine> Kit<E> {
                 durable_reads: self.durable_reads_adr,
             };
             r.run(&engine, self.nodes, 2_000 * self.scale as u64, rng.gen()).map_err(ctx)?;
+            round_stats.push(engine.stats());
             if !pool.has_crashed() {
                 pool.crash(opts).or_else(|e| fail("crashing", e))?;
             }
@@ -249,6 +257,7 @@ impl<E: Engine> Kit<E> {
             tally.add(verify(&engine, &model, self.durable_reads_adr).map_err(ctx)?);
         }
         tally.require_coverage("crash_shadow")?;
+        self.check_gates("crash_shadow", &round_stats)?;
         engine.close().or_else(|e| fail("close()", e))?;
         let engine = self.open_in(&path, SimMode::Shadow)?;
         verify(&engine, &model, false)?;
@@ -268,10 +277,10 @@ impl<E: Engine> Kit<E> {
             match E::open(pool.clone(), &self.opts) {
                 Ok(_) | Err(_) if pool.has_crashed() => continue, // crashed during recovery
                 Ok((e, _)) => {
-                    pool.cancel_crash();
                     // An engine that recovers in the background may have crashed between the
-                    // check above and the cancel (a crash during its background recovery).
-                    if pool.has_crashed() {
+                    // check above and the cancel (a crash during its background recovery), or
+                    // be crashing in one of its threads now.
+                    if !pool.cancel_crash() {
                         continue;
                     }
                     return Ok(e);
@@ -300,8 +309,12 @@ impl<E: Engine> Kit<E> {
             std::process::exit(3);
         }
         let seed = seed();
-        self.crash_kill_seeded(test_name, seed)
-            .map_err(|v| Violation(format!("crash_kill (NUMAKV_TEST_SEED={seed}): {v}")))
+        self.crash_kill_seeded(test_name, seed).map_err(|v| {
+            Violation(format!(
+                "crash_kill (NUMAKV_TEST_SEED={seed}){}: {v}",
+                numakv_pmem::chaos::note()
+            ))
+        })
     }
 
     fn crash_kill_seeded(&self, test_name: &str, seed: u64) -> Verdict {

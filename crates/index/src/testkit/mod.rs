@@ -12,6 +12,11 @@
 //! | [`Kit::crash_shadow`] | ADR power failures at random fences, random eviction, crashes during recovery |
 //! | [`Kit::crash_kill`] | eADR: a child process SIGKILLed at random moments, crashes during recovery |
 //! | [`Kit::bad_input`] | reserved keys, another engine's store, pool exhaustion |
+//! | [`Kit::step_crash`] | an engine's protocol scenario crashed at every fence (ADR) / PM store (eADR), checked for durable linearizability on shared keys ([`steps`]) |
+//!
+//! Chaos schedules ([`chaos_on`], `NUMAKV_CHAOS`) run any oracle with preemptions on the PM
+//! steps; [`Kit::gates`] makes the randomized oracles fail when they never reached the
+//! mechanism the engine's kit names.
 //!
 //! Every crash oracle also checks `check()` and the leak invariant (reachable PM blocks equal
 //! allocated blocks right after recovery). Each call returns a [`Violation`] describing the first
@@ -31,6 +36,7 @@ pub mod linearize;
 mod model;
 mod scans;
 pub mod scenario;
+pub mod steps;
 pub mod toy;
 
 use std::fmt;
@@ -91,6 +97,10 @@ pub struct Kit<E: Engine> {
     pub nodes: usize,
     /// Capacity per node of the kit's pools (sparse files).
     pub capacity_per_node: u64,
+    /// Page size of the kit's pools ([`numakv_pmem::DEFAULT_PAGE_SIZE`] by default); small
+    /// pages make engines that size their files or extents by pages (NStore's logs) seal and
+    /// collect them within a small run.
+    pub page_size: u64,
     /// Capacity per node of the deliberately small pool of the out-of-space check.
     pub small_capacity_per_node: u64,
     /// Size factor ([`test_scale`] by default).
@@ -99,6 +109,11 @@ pub struct Kit<E: Engine> {
     /// survive even if the write that produced it had not returned (durable linearizability of
     /// reads). eADR kill tests always demand it: there a visible store is a durable store.
     pub durable_reads_adr: bool,
+    /// Coverage gates: engine counters ([`crate::EngineStats::counters`]) that the randomized
+    /// oracles ([`Kit::concurrent_shared`], [`Kit::crash_shadow`])
+    /// must see raised — the mechanisms the engine's kit claims those oracles exercise. A run
+    /// that raised none of one fails naming it. Empty by default.
+    pub gates: Vec<&'static str>,
 }
 
 impl<E: Engine> Kit<E> {
@@ -109,16 +124,36 @@ impl<E: Engine> Kit<E> {
             opts,
             nodes: 2,
             capacity_per_node: 256 << 20,
+            page_size: numakv_pmem::DEFAULT_PAGE_SIZE,
             small_capacity_per_node: 8 << 20,
             scale: test_scale(),
             durable_reads_adr: false,
+            gates: Vec::new(),
         }
+    }
+
+    /// The coverage gate of `oracle`: prints each gate's count in `stats` and fails naming the
+    /// gates that stayed at zero.
+    pub fn check_gates(&self, oracle: &str, stats: &[crate::EngineStats]) -> Verdict {
+        if self.gates.is_empty() {
+            return Ok(());
+        }
+        let count = |g: &str| stats.iter().map(|s| s.counter(g).unwrap_or(0)).sum::<u64>();
+        let seen: Vec<(&str, u64)> = self.gates.iter().map(|&g| (g, count(g))).collect();
+        eprintln!("{oracle}: coverage {seen:?}{}", numakv_pmem::chaos::note());
+        let missed: Vec<&str> = seen.iter().filter(|g| g.1 == 0).map(|g| g.0).collect();
+        ensure!(
+            missed.is_empty(),
+            "{oracle}: coverage gate: the run reached none of {missed:?} (seen {seen:?})"
+        );
+        Ok(())
     }
 
     /// A pool configuration for this kit.
     pub(crate) fn pool_config(&self, mode: PersistMode, sim: SimMode) -> PoolConfig {
         let mut cfg = PoolConfig::new(E::engine_id(), self.capacity_per_node);
         cfg.nodes = self.nodes;
+        cfg.page_size = self.page_size;
         cfg.mode = mode;
         cfg.sim = sim;
         cfg
@@ -167,6 +202,24 @@ pub fn seed() -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or_else(rand::random)
+}
+
+/// Turns chaos schedules on for this test process ([`numakv_pmem::chaos`]): with the seed in
+/// `NUMAKV_CHAOS` when set, else with `default_seed` (CI's fixed budget run). Returns the seed
+/// (printed; a failing oracle's message carries it too).
+pub fn chaos_on(default_seed: u64) -> u64 {
+    numakv_pmem::chaos::init_from_env();
+    match numakv_pmem::chaos::seed() {
+        Some(s) => s,
+        None => {
+            eprintln!(
+                "chaos: {}={default_seed} (the kit's default)",
+                numakv_pmem::chaos::CHAOS_ENV
+            );
+            numakv_pmem::chaos::enable(default_seed);
+            default_seed
+        }
+    }
 }
 
 /// Generates the conformance tests of an engine: one `#[test]` per oracle.

@@ -13,6 +13,10 @@
 //!   - bits 3..6: the pending operation's [`Kind`].
 //! - `w1`, `w2`: value slots.
 //! - `w3`: the highest write sequence number a read has returned for this key.
+//! - `w4`: the sequence number of the last acknowledged operation on the key (any kind).
+//! - `w5`: the absence floor: the highest `w4` seen by a read that then returned `None`. A
+//!   recovered value of a write with a sequence number at or below it is an absence a completed
+//!   read returned being undone (durable linearizability of absences).
 //!
 //! A writer owns its keys: it sets `PENDING` (with the argument already in the free slot), runs
 //! the operation, and acknowledges with one store of `w0` that flips `SLOT` if the value changed
@@ -30,7 +34,7 @@ use super::{ensure, Verdict};
 /// Words before the per-key area: `[0]` round, `[1]` operations acknowledged (progress),
 /// `[2]` key count, `[3]` reserved.
 pub(crate) const HEADER_WORDS: usize = 4;
-const WORDS_PER_KEY: usize = 4;
+const WORDS_PER_KEY: usize = 6;
 
 const PRESENT: u64 = 1;
 const SLOT: u64 = 2;
@@ -191,8 +195,12 @@ impl Model {
         );
     }
 
-    /// Acknowledges the pending operation on `key`, whose new state is `after`.
-    pub(crate) fn ack(&self, key: u64, after: Option<u64>) {
+    /// Acknowledges the pending operation on `key` (issued with argument `arg`), whose new state
+    /// is `after`.
+    pub(crate) fn ack(&self, key: u64, after: Option<u64>, arg: u64) {
+        // ORDERING: Release, before the state word's own Release: a reader that loads `w4`
+        // (Acquire) before its get knows every operation up to it had returned.
+        self.word(self.base(key) + 4).store(seq_of(arg), Ordering::Release);
         self.settle(key, after);
         self.header(1).fetch_add(1, Ordering::Relaxed);
     }
@@ -220,6 +228,19 @@ impl Model {
     pub(crate) fn observed(&self, key: u64, value: u64) {
         let b = self.base(key);
         self.word(b + 3).fetch_max(seq_of(value), Ordering::AcqRel);
+    }
+
+    /// The sequence number of the last operation acknowledged on `key`, to be taken by a reader
+    /// *before* its get (see [`Model::observed_absent`]).
+    pub(crate) fn last_acked_seq(&self, key: u64) -> u64 {
+        // ORDERING: Acquire; pairs with the Release in `ack`.
+        self.word(self.base(key) + 4).load(Ordering::Acquire)
+    }
+
+    /// Records that a get invoked after the operation with sequence number `floor` had been
+    /// acknowledged returned `None` for `key`.
+    pub(crate) fn observed_absent(&self, key: u64, floor: u64) {
+        self.word(self.base(key) + 5).fetch_max(floor, Ordering::AcqRel);
     }
 
     /// Checks the recovered state `actual` of `key` against the model and resolves the model to
@@ -261,6 +282,14 @@ impl Model {
                     seq_of(v) >= seen,
                     "key {key}: recovered value with write sequence {} but a read had returned the \
                      value of write {seen} before the crash (a value once read was lost)",
+                    seq_of(v)
+                );
+                let floor = self.word(b + 5).load(Ordering::Acquire);
+                ensure!(
+                    floor == 0 || seq_of(v) > floor,
+                    "key {key}: recovered the value of write {}, but a completed read had returned \
+                     the key absent after operation {floor} was acknowledged (an absence once read \
+                     was undone)",
                     seq_of(v)
                 );
             }
