@@ -7,10 +7,16 @@
  *
  * Threads: a store handle may be used by many threads at once; an iterator by one at a time.
  * numakv_close must be the last call on a handle (NUMAKV_ERR_BUSY while iterators are open).
+ * At most 1024 threads may be using numakv at once: each live thread that has made a call
+ * holds a thread id until it exits; a call from one more fails with NUMAKV_ERR_OTHER and a
+ * message naming this limit. numakv_close, numakv_abandon and numakv_iter_free also work from
+ * a thread-exit destructor and from an atexit handler or C++ static destructor (the work runs
+ * on a helper thread the call waits for).
  *
  * Processes: a handle belongs to the process that created or opened it. After fork() the
  * child must not use the parent's handles or iterators: every call on them there, close and
- * abandon included, fails with NUMAKV_ERR_FORKED and changes nothing. Open the store in the
+ * abandon included, fails with NUMAKV_ERR_FORKED and changes nothing (also in a child of the
+ * raw fork system call, which runs no pthread_atfork handler). Open the store in the
  * child only after the parent closed it. (LMDB has the same rule.)
  *
  * Ownership (as in RocksDB's C API): arguments are borrowed for the call and copied if kept.
@@ -105,7 +111,7 @@ const char *numakv_version(void);
 // (`fastfair`, `nbtree`, `nobtree`, `f3tree`, `nstore`, `nap-fastfair`, ...) and `options`
 // (`"nodes=2,capacity=1G,mode=adr,leaf_slots=64"`: the CLI's create flags and engine options,
 // comma-separated, plus `accounting=on|off` and `latency=none|optane`; NULL or "" for the
-// defaults). On success `*out` is the handle, the caller's until `numakv_close`.
+// defaults; `nodes` is 1..=256, else `NUMAKV_ERR_INVALID`). On success `*out` is the handle, the caller's until `numakv_close`.
 int numakv_create(const char *dir,
                   const char *engine,
                   const char *options,
@@ -134,14 +140,17 @@ int numakv_open_with(const char *dir, const char *options, struct numakv_store *
 //
 // The handle stays valid (the caller's) only when the call is refused before closing anything:
 // `NUMAKV_ERR_BUSY` (scan iterators are open), `NUMAKV_ERR_FORKED` (another process's handle),
-// or `NUMAKV_ERR_OTHER` from a thread-exit destructor (the message says so). Every other
+// or `NUMAKV_ERR_OTHER` when no helper thread could be started for a close from a thread-exit
+// destructor or an `atexit` handler (the close runs on one there). Every other
 // outcome frees it: `NUMAKV_OK`, or an error from the close itself (I/O, a failed background
 // task), after which the store was not marked clean and the next open recovers it.
 int numakv_close(struct numakv_store *store);
 
 // Frees the handle without closing the store: as far as the store is concerned, the process
-// crashed (the next open recovers). For tests and for embedders that want exactly that. In a
-// fork child, on the parent's handle, it fails with `NUMAKV_ERR_FORKED` and frees nothing.
+// crashed (the next open recovers), also with scan iterators still open: they stay the
+// caller's to free with [`numakv_iter_free`], and their next calls fail with
+// `NUMAKV_ERR_OTHER`. For tests and for embedders that want exactly that. In a fork child, on
+// the parent's handle, it fails with `NUMAKV_ERR_FORKED` and frees nothing.
 int numakv_abandon(struct numakv_store *store);
 
 // Places the calling thread on the store's NUMA node `node` (`0..nodes`; anything else is
@@ -180,7 +189,8 @@ int numakv_delete(const struct numakv_store *store, uint64_t key, bool *removed)
 int numakv_scan(const struct numakv_store *store, uint64_t start, struct numakv_iter **iter);
 
 // Starts an ascending scan of an integer store over `start <= key < end`; `end` = `UINT64_MAX`
-// (a reserved key) means no upper bound. Free the iterator with [`numakv_iter_free`].
+// (a reserved key) means no upper bound. Free the iterator with [`numakv_iter_free`]. A NULL
+// `iter` is `NUMAKV_ERR_INVALID` and makes nothing (as for every scan call).
 int numakv_scan_range(const struct numakv_store *store,
                       uint64_t start,
                       uint64_t end,

@@ -12,11 +12,23 @@
 //!   `pthread_key_create` or C++ `thread_local` destructor): one becomes [`NUMAKV_ERR_PANIC`].
 //! - A store handle may be used from many threads at once. [`numakv_close`] must be the last call
 //!   on it (it fails with [`NUMAKV_ERR_BUSY`] while scan iterators are open).
+//! - **At most 1024 threads at once.** Every live thread that has made a numakv call holds one
+//!   of 1024 thread ids (the engines' per-thread tables) until it exits; a call from a thread
+//!   beyond that fails with [`NUMAKV_ERR_OTHER`] and a message naming this limit. Threads that
+//!   end give their ids back, also those whose first call was made from a thread-exit
+//!   destructor.
+//! - [`numakv_close`], [`numakv_abandon`] and [`numakv_iter_free`] also work from a thread-exit
+//!   destructor and from an `atexit` handler or C++ static destructor (after `exit()` destroyed
+//!   the main thread's locals): the calling thread's locals are not needed, the work is handed
+//!   to a helper thread the call waits for. Other calls from there may fail with
+//!   [`NUMAKV_ERR_OTHER`] (the message says why).
 //! - **One process.** A handle belongs to the process that created or opened it. After `fork()`
 //!   the child must not use the parent's handles or iterators (each side would have its own
 //!   allocator state and locks over the same mapped files): every call on them in the child,
 //!   `numakv_close` and `numakv_abandon` included, fails with [`NUMAKV_ERR_FORKED`] and changes
-//!   nothing, in the child or in the store. (LMDB states the same rule for its environments.)
+//!   nothing, in the child or in the store — also in a child of the raw fork system call
+//!   (`syscall(SYS_fork)`, `clone` without `CLONE_VM`), which runs no `pthread_atfork` handler.
+//!   (LMDB states the same rule for its environments.)
 //!   The child may open the store itself once the parent has closed it.
 //! - **NUMA placement.** Node files are bound (`mbind`) to their NUMA node when the machine has
 //!   that many nodes; otherwise the nodes are emulated — the rule `numakv bench` uses
@@ -40,14 +52,14 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once, Weak};
 
 use facade::{
     BytesStore, EngineKind, Error, LatencyModel, Options, PersistMode, Store, StoreKind,
     WriteBatch, MAX_KEY_LEN, MAX_VALUE_LEN,
 };
-use numakv_numa::{Placement, Registry, Topology};
+use numakv_numa::{NumaError, Placement, Registry, Topology, MAX_NODES, MAX_THREADS};
 
 /// Success.
 pub const NUMAKV_OK: c_int = 0;
@@ -136,9 +148,15 @@ impl From<facade::IndexError> for Failure {
     }
 }
 
-impl From<numakv_numa::NumaError> for Failure {
-    fn from(e: numakv_numa::NumaError) -> Failure {
-        Failure(NUMAKV_ERR_OTHER, e.to_string())
+impl From<NumaError> for Failure {
+    fn from(e: NumaError) -> Failure {
+        let code = match e {
+            NumaError::NoNodes
+            | NumaError::TooManyNodes { .. }
+            | NumaError::NodeOutOfRange { .. } => NUMAKV_ERR_INVALID,
+            _ => NUMAKV_ERR_OTHER,
+        };
+        Failure(code, e.to_string())
     }
 }
 
@@ -246,7 +264,11 @@ impl Owner {
 
     fn check(&self, what: &str) -> Res<()> {
         // ORDERING: Relaxed; see forked_child.
-        if FORK_GENERATION.load(Ordering::Relaxed) == self.generation {
+        // A child of the raw fork system call (no pthread_atfork handler ran: `syscall(SYS_fork)`,
+        // `clone` without CLONE_VM) keeps the generation: the pid tells it apart (one getpid).
+        if FORK_GENERATION.load(Ordering::Relaxed) == self.generation
+            && std::process::id() == self.pid
+        {
             return Ok(());
         }
         Err(Failure(
@@ -266,13 +288,83 @@ impl Owner {
 /// thread exit after the thread's locals were destroyed): the engines would need a thread id.
 fn thread_alive() -> Res<()> {
     numakv_numa::try_tid().map(|_| ()).map_err(|e| {
-        Failure(
-            NUMAKV_ERR_OTHER,
-            format!(
-                "{e}: this call came from a thread-exit destructor after the thread's numakv state \
-                 was torn down; make it before the thread ends"
+        let why = match e {
+            NumaError::TooManyThreads { .. } => format!(
+                "{e}: numakv gives every live thread that calls it a thread id, at most \
+                 {MAX_THREADS} threads at once; an id is freed when its thread exits (use a \
+                 thread pool, or let threads end)"
             ),
-        )
+            _ => format!(
+                "{e}: this call came from a thread-exit destructor after the thread's numakv \
+                 state was torn down; make it before the thread ends"
+            ),
+        };
+        Failure(NUMAKV_ERR_OTHER, why)
+    })
+}
+
+/// Whether the calling thread is being torn down (its thread-locals, this library's or those
+/// of the libraries it uses, may be gone): a thread-exit destructor, or an `atexit` handler /
+/// C++ static destructor after `exit()` destroyed the main thread's locals.
+fn thread_exiting() -> bool {
+    LAST_ERROR.try_with(|_| ()).is_err()
+        || matches!(numakv_numa::try_tid(), Err(NumaError::ThreadExiting))
+}
+
+/// A raw pointer moved to a helper thread that the caller joins before returning.
+struct SendPtr<T>(*mut T);
+
+// SAFETY: the pointee (a handle or iterator) is used by the helper alone while the calling
+// thread waits for it; handles and iterators hold only Send data.
+unsafe impl<T> Send for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Runs `f` on a fresh helper thread and waits for it: for the drops and closes a thread in
+/// teardown cannot run itself (the engines' and their libraries' thread-locals, such as the
+/// epoch collector of scc's trees, are gone there, and using them aborts). A raw
+/// `pthread_create`, since std's spawn itself reads the caller's thread-locals.
+fn on_helper_thread<T: Send + 'static>(f: impl FnOnce() -> Res<T> + Send + 'static) -> Res<T> {
+    type Job = Box<dyn FnOnce() + Send>;
+    extern "C" fn run(arg: *mut c_void) -> *mut c_void {
+        // SAFETY: `arg` is the Box<Job> leaked by on_helper_thread for this thread alone.
+        let job = unsafe { Box::from_raw(arg.cast::<Job>()) };
+        let _ = catch_unwind(AssertUnwindSafe(job));
+        std::ptr::null_mut()
+    }
+    let slot: Arc<Mutex<Option<Res<T>>>> = Arc::new(Mutex::new(None));
+    let result = Arc::clone(&slot);
+    let job: Job = Box::new(move || {
+        let r = f();
+        if let Ok(mut s) = result.lock() {
+            *s = Some(r);
+        }
+    });
+    let arg = Box::into_raw(Box::new(job));
+    let mut thread: libc::pthread_t = 0;
+    // SAFETY: `thread` is a valid out-pointer, default attributes (null), `run` an extern "C"
+    // fn that never unwinds (catch_unwind), `arg` a leaked Box it takes back.
+    let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), run, arg.cast()) };
+    if rc != 0 {
+        // SAFETY: the thread was not created, so `arg` is still ours.
+        drop(unsafe { Box::from_raw(arg) });
+        return Err(Failure(
+            NUMAKV_ERR_OTHER,
+            format!("cannot start a helper thread for a call during thread teardown (error {rc})"),
+        ));
+    }
+    // SAFETY: a joinable thread just created and joined once.
+    unsafe { libc::pthread_join(thread, std::ptr::null_mut()) };
+    let r = slot.lock().ok().and_then(|mut s| s.take());
+    r.unwrap_or_else(|| {
+        Err(Failure(
+            NUMAKV_ERR_PANIC,
+            "internal error (panic) on the teardown helper thread".into(),
+        ))
     })
 }
 
@@ -288,6 +380,8 @@ enum Kind {
 pub struct NumakvStore {
     kind: Kind,
     owner: Owner,
+    /// Open iterators of this handle (close is BUSY while any is).
+    iters: Arc<AtomicUsize>,
     /// The store's nodes on this machine: real ones (pools bound to them) or emulated.
     topology: Arc<Topology>,
     /// Placement of `numakv_thread_register`, the bench's registries (pinning done here).
@@ -300,7 +394,14 @@ impl NumakvStore {
         let fill = Registry::new(Arc::clone(&topology), Placement::Fill).with_pinning(false);
         let interleave =
             Registry::new(Arc::clone(&topology), Placement::Interleave).with_pinning(false);
-        NumakvStore { kind, owner: Owner::here(), topology, fill, interleave }
+        NumakvStore {
+            kind,
+            owner: Owner::here(),
+            iters: Arc::new(AtomicUsize::new(0)),
+            topology,
+            fill,
+            interleave,
+        }
     }
 
     fn nodes(&self) -> usize {
@@ -315,11 +416,41 @@ impl NumakvStore {
 pub struct NumakvIter {
     kind: IterKind,
     owner: Owner,
+    /// The handle's count of open iterators, given back on drop.
+    open: Arc<AtomicUsize>,
+}
+
+impl NumakvIter {
+    fn new(h: &NumakvStore, kind: IterKind) -> NumakvIter {
+        // ORDERING: AcqRel pairs with close's Acquire load: a close that sees 0 saw every
+        // iterator's end.
+        h.iters.fetch_add(1, Ordering::AcqRel);
+        NumakvIter { kind, owner: h.owner, open: Arc::clone(&h.iters) }
+    }
+}
+
+impl Drop for NumakvIter {
+    fn drop(&mut self) {
+        // ORDERING: see new.
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The store behind an iterator, or why it is gone: iterators hold it weakly, so that
+/// `numakv_abandon` with iterators open really drops the store (the crash it promises, which
+/// the next open recovers); `numakv_close` refuses while they are open instead.
+fn iter_store<S>(store: &Weak<S>) -> Res<Arc<S>> {
+    store.upgrade().ok_or_else(|| {
+        Failure(
+            NUMAKV_ERR_OTHER,
+            "this iterator's store handle was abandoned (numakv_abandon): free the iterator".into(),
+        )
+    })
 }
 
 enum IterKind {
     Int {
-        store: Arc<Store>,
+        store: Weak<Store>,
         next: Option<u64>,
         /// Exclusive upper bound; `u64::MAX` (a reserved key) means none.
         end: u64,
@@ -327,7 +458,7 @@ enum IterKind {
         at: usize,
     },
     Bytes {
-        store: Arc<BytesStore>,
+        store: Weak<BytesStore>,
         next: Option<Vec<u8>>,
         end: Option<Vec<u8>>,
         buf: Vec<(Vec<u8>, Vec<u8>)>,
@@ -428,8 +559,11 @@ fn options(kind: EngineKind, text: &str, creating: bool) -> Res<Options> {
         }
         match k {
             "nodes" => {
-                opts =
-                    opts.nodes(v.parse().map_err(|_| invalid(format!("nodes={v}: not a count")))?)
+                let n: usize = v.parse().map_err(|_| invalid(format!("nodes={v}: not a count")))?;
+                if !(1..=MAX_NODES).contains(&n) {
+                    return Err(invalid(format!("nodes={v}: a store has 1..={MAX_NODES} nodes")));
+                }
+                opts = opts.nodes(n)
             }
             "capacity" => {
                 opts = opts.capacity_per_node(facade::size::parse_size(v).map_err(invalid)?)
@@ -504,7 +638,7 @@ unsafe fn create(
 /// (`fastfair`, `nbtree`, `nobtree`, `f3tree`, `nstore`, `nap-fastfair`, ...) and `options`
 /// (`"nodes=2,capacity=1G,mode=adr,leaf_slots=64"`: the CLI's create flags and engine options,
 /// comma-separated, plus `accounting=on|off` and `latency=none|optane`; NULL or "" for the
-/// defaults). On success `*out` is the handle, the caller's until `numakv_close`.
+/// defaults; `nodes` is 1..=256, else `NUMAKV_ERR_INVALID`). On success `*out` is the handle, the caller's until `numakv_close`.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_create(
     dir: *const c_char,
@@ -575,7 +709,8 @@ pub unsafe extern "C" fn numakv_open_with(
 ///
 /// The handle stays valid (the caller's) only when the call is refused before closing anything:
 /// `NUMAKV_ERR_BUSY` (scan iterators are open), `NUMAKV_ERR_FORKED` (another process's handle),
-/// or `NUMAKV_ERR_OTHER` from a thread-exit destructor (the message says so). Every other
+/// or `NUMAKV_ERR_OTHER` when no helper thread could be started for a close from a thread-exit
+/// destructor or an `atexit` handler (the close runs on one there). Every other
 /// outcome frees it: `NUMAKV_OK`, or an error from the close itself (I/O, a failed background
 /// task), after which the store was not marked clean and the next open recovers it.
 #[no_mangle]
@@ -588,15 +723,34 @@ pub unsafe extern "C" fn numakv_close(store: *mut NumakvStore) -> c_int {
             // SAFETY: a handle from numakv_create*/numakv_open, not yet closed (the contract).
             let s = unsafe { &*store };
             s.owner.check("store handle")?;
-            thread_alive()?;
+            // ORDERING: see NumakvIter::new.
+            if s.iters.load(Ordering::Acquire) > 0 {
+                return Err(Failure(NUMAKV_ERR_BUSY, "scan iterators are still open".into()));
+            }
         }
+        if thread_exiting() {
+            // A thread-exit destructor or an atexit handler: the close runs on a helper thread
+            // (it needs no thread-locals of the caller's).
+            let p = SendPtr(store);
+            // SAFETY: the caller's handle, used by the helper alone while this thread waits.
+            return on_helper_thread(move || unsafe { close_now(p.get()) });
+        }
+        thread_alive()?;
+        // SAFETY: the caller's handle (the contract).
+        unsafe { close_now(store) }
+    })
+}
+
+/// The close of a handle checked by numakv_close (non-null, this process's).
+unsafe fn close_now(store: *mut NumakvStore) -> Res<c_int> {
+    {
         // SAFETY: as above. The handle is moved out of its allocation; on BUSY it is written
         // back into the same allocation (the caller's pointer stays valid), otherwise the
         // allocation is freed below without dropping the moved-out value again.
         let handle = unsafe { std::ptr::read(store) };
-        let NumakvStore { kind, owner, topology, fill, interleave } = handle;
+        let NumakvStore { kind, owner, iters, topology, fill, interleave } = handle;
         let busy = |kind| {
-            let handle = NumakvStore { kind, owner, topology, fill, interleave };
+            let handle = NumakvStore { kind, owner, iters, topology, fill, interleave };
             // SAFETY: `store` is the handle's allocation, whose value was moved out above.
             unsafe { std::ptr::write(store, handle) };
             Failure(NUMAKV_ERR_BUSY, "scan iterators are still open".into())
@@ -616,24 +770,42 @@ pub unsafe extern "C" fn numakv_close(store: *mut NumakvStore) -> c_int {
         drop(unsafe { Box::from_raw(store.cast::<std::mem::MaybeUninit<NumakvStore>>()) });
         closed?;
         Ok(NUMAKV_OK)
-    })
+    }
 }
 
 /// Frees the handle without closing the store: as far as the store is concerned, the process
-/// crashed (the next open recovers). For tests and for embedders that want exactly that. In a
-/// fork child, on the parent's handle, it fails with `NUMAKV_ERR_FORKED` and frees nothing.
+/// crashed (the next open recovers), also with scan iterators still open: they stay the
+/// caller's to free with [`numakv_iter_free`], and their next calls fail with
+/// `NUMAKV_ERR_OTHER`. For tests and for embedders that want exactly that. In a fork child, on
+/// the parent's handle, it fails with `NUMAKV_ERR_FORKED` and frees nothing.
 #[no_mangle]
 pub unsafe extern "C" fn numakv_abandon(store: *mut NumakvStore) -> c_int {
     guard(|| {
         if !store.is_null() {
             // SAFETY: a handle not yet closed (the contract).
             unsafe { &*store }.owner.check("store handle")?;
-            // SAFETY: as above; dropping it is the crash.
-            drop(unsafe { Box::from_raw(store) });
+            drop_maybe_on_helper(store)?;
         }
         Ok(NUMAKV_OK)
     })
 }
+/// Frees a handle or an iterator, checked by the caller (non-null, not yet freed, this
+/// process's): here, or on a helper thread when the calling thread is in teardown (the drop of
+/// a store may need thread-locals that are gone there; NStore's trees abort without theirs).
+fn drop_maybe_on_helper<T: 'static>(p: *mut T) -> Res<()> {
+    if thread_exiting() {
+        let p = SendPtr(p);
+        // SAFETY: the caller's allocation from Box::into_raw, freed once, by the helper alone.
+        return on_helper_thread(move || {
+            drop(unsafe { Box::from_raw(p.get()) });
+            Ok(())
+        });
+    }
+    // SAFETY: as above, freed here.
+    drop(unsafe { Box::from_raw(p) });
+    Ok(())
+}
+
 // --- NUMA placement --------------------------------------------------------------------------
 
 /// Pins the calling thread to `cpus`, or says why it could not.
@@ -822,7 +994,8 @@ pub unsafe extern "C" fn numakv_scan(
 }
 
 /// Starts an ascending scan of an integer store over `start <= key < end`; `end` = `UINT64_MAX`
-/// (a reserved key) means no upper bound. Free the iterator with [`numakv_iter_free`].
+/// (a reserved key) means no upper bound. Free the iterator with [`numakv_iter_free`]. A NULL
+/// `iter` is `NUMAKV_ERR_INVALID` and makes nothing (as for every scan call).
 #[no_mangle]
 pub unsafe extern "C" fn numakv_scan_range(
     store: *const NumakvStore,
@@ -834,9 +1007,13 @@ pub unsafe extern "C" fn numakv_scan_range(
         // SAFETY: the caller's handle.
         let h = unsafe { store_arg(store) }?;
         let s = int_store(h)?;
+        // Before anything is built: a refused call leaves nothing holding the store.
+        if iter.is_null() {
+            return Err(invalid("iter is null"));
+        }
         let next = if start < end { Some(start.max(1)) } else { None };
-        let it = IterKind::Int { store: Arc::clone(s), next, end, buf: Vec::new(), at: 0 };
-        out(iter, Box::into_raw(Box::new(NumakvIter { kind: it, owner: h.owner })), "iter")?;
+        let it = IterKind::Int { store: Arc::downgrade(s), next, end, buf: Vec::new(), at: 0 };
+        out(iter, Box::into_raw(Box::new(NumakvIter::new(h, it))), "iter")?;
         Ok(NUMAKV_OK)
     })
 }
@@ -874,7 +1051,7 @@ pub unsafe extern "C" fn numakv_iter_next(
             buf.clear();
             *at = 0;
             let Some(from) = *next else { return Ok(NUMAKV_END) };
-            store.scan(from, SCAN_BATCH, buf)?;
+            iter_store(store)?.scan(from, SCAN_BATCH, buf)?;
             *next = match buf.last() {
                 Some(&(k, _)) if buf.len() == SCAN_BATCH => k.checked_add(1).filter(|n| n < end),
                 _ => None,
@@ -902,8 +1079,7 @@ pub unsafe extern "C" fn numakv_iter_free(iter: *mut NumakvIter) -> c_int {
         if !iter.is_null() {
             // SAFETY: an iterator from a scan call, not yet freed (the contract).
             unsafe { &*iter }.owner.check("iterator")?;
-            // SAFETY: as above.
-            drop(unsafe { Box::from_raw(iter) });
+            drop_maybe_on_helper(iter)?;
         }
         Ok(NUMAKV_OK)
     })
@@ -1071,9 +1247,18 @@ fn bytes_iter(
     iter: *mut *mut NumakvIter,
 ) -> Res<c_int> {
     let s = bytes_store(h)?;
-    let it =
-        IterKind::Bytes { store: Arc::clone(s), next: Some(start), end, buf: Vec::new(), at: 0 };
-    out(iter, Box::into_raw(Box::new(NumakvIter { kind: it, owner: h.owner })), "iter")?;
+    // Before anything is built: a refused call leaves nothing holding the store.
+    if iter.is_null() {
+        return Err(invalid("iter is null"));
+    }
+    let it = IterKind::Bytes {
+        store: Arc::downgrade(s),
+        next: Some(start),
+        end,
+        buf: Vec::new(),
+        at: 0,
+    };
+    out(iter, Box::into_raw(Box::new(NumakvIter::new(h, it))), "iter")?;
     Ok(NUMAKV_OK)
 }
 
@@ -1152,7 +1337,14 @@ pub unsafe extern "C" fn numakv_biter_next(
             buf.clear();
             *at = 0;
             let Some(from) = next.take() else { return Ok(NUMAKV_END) };
-            for pair in store.scan(&from, end.as_deref(), SCAN_BATCH) {
+            let st = match iter_store(store) {
+                Ok(st) => st,
+                Err(e) => {
+                    *next = Some(from); // nothing taken: the same error next time
+                    return Err(e);
+                }
+            };
+            for pair in st.scan(&from, end.as_deref(), SCAN_BATCH) {
                 buf.push(pair?);
             }
             if buf.len() == SCAN_BATCH {

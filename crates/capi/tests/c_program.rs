@@ -309,3 +309,79 @@ fn the_pibench_wrapper_reports_bad_settings_and_foreign_stores() {
     assert!(!second.status.success(), "{text}");
     assert!(text.contains("holds a nbtree int store, not the fastfair int store"), "{text}");
 }
+
+// --- the review's scenarios (c/review.c) ------------------------------------------------------
+
+/// The engines every review scenario runs on (NStore with fewer clusters for the small pools).
+const REVIEW_ENGINES: [(&str, &str); 6] = [
+    ("fastfair", "nodes=2,capacity=64M"),
+    ("nbtree", "nodes=2,capacity=64M"),
+    ("nstore", "nodes=2,capacity=64M,clusters=4"),
+    ("f3tree", "nodes=2,capacity=64M"),
+    ("nobtree", "nodes=2,capacity=64M"),
+    ("nap-fastfair", "nodes=2,capacity=64M"),
+];
+
+/// Runs `c/review.c`'s `scenario` on every engine (or on FAST&FAIR only); collects the
+/// engines where it failed and fails with their output, so one run shows them all.
+fn review(scenario: &str, all_engines: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = compiled("review");
+    let engines = if all_engines { &REVIEW_ENGINES[..] } else { &REVIEW_ENGINES[..1] };
+    let mut failed = Vec::new();
+    for (engine, options) in engines {
+        let dir = tmp.path().join(format!("{scenario}-{engine}"));
+        let run =
+            Command::new(&bin).arg(scenario).arg(&dir).arg(engine).arg(options).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        eprintln!("--- {scenario} on {engine}: {:?}\n{text}", run.status);
+        if !run.status.success() {
+            failed.push(format!("{engine}: {:?}\n{text}", run.status));
+        }
+    }
+    assert!(failed.is_empty(), "review scenario {scenario} failed on:\n{}", failed.join("\n"));
+}
+
+#[test]
+fn review_a_scan_refused_for_a_null_iterator_output_does_not_keep_the_store_busy() {
+    review("scan-null-iter", false);
+}
+
+#[test]
+fn review_a_node_count_far_out_of_range_is_refused_not_an_abort() {
+    review("huge-nodes", false);
+}
+
+#[test]
+fn review_abandon_with_an_open_iterator_lets_the_next_open_recover() {
+    review("abandon-iter", false);
+}
+
+#[test]
+fn review_a_child_of_the_raw_fork_system_call_is_refused_too() {
+    review("raw-fork", false);
+}
+
+#[test]
+fn review_abandon_and_iter_free_from_a_thread_exit_destructor_do_not_abort() {
+    review("dtor-abandon", true);
+}
+
+#[test]
+fn review_a_store_closes_from_an_atexit_handler() {
+    review("atexit-close", true);
+}
+
+#[test]
+fn review_more_than_a_thousand_threads_at_once_can_use_a_handle() {
+    review("many-threads", false);
+}
+
+#[test]
+fn review_threads_whose_first_call_is_in_a_key_destructor_do_not_leak_thread_ids() {
+    review("dtor-tid-leak", false);
+}

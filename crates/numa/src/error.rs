@@ -34,6 +34,15 @@ pub enum NumaError {
     #[error("no NUMA nodes")]
     NoNodes,
 
+    /// More nodes were asked for than a topology may have.
+    #[error("{nodes} nodes: a topology has at most {max}")]
+    TooManyNodes {
+        /// The count asked for.
+        nodes: usize,
+        /// The limit, [`MAX_NODES`](crate::MAX_NODES).
+        max: usize,
+    },
+
     /// No node of the topology has a CPU (or an emulated topology was given no CPUs), so no thread
     /// could ever run on it.
     #[error("no CPUs in the topology")]

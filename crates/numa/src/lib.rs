@@ -52,4 +52,4 @@ pub use registry::{Placement, Registration, Registry, Slot};
 pub use thread::{
     current, current_node, live_threads, set_current_node, tid, try_tid, ThreadCtx, MAX_THREADS,
 };
-pub use topology::{parse_cpulist, Node, Topology, MAX_CPUS, SYSFS_NODE_DIR};
+pub use topology::{parse_cpulist, Node, Topology, MAX_CPUS, MAX_NODES, SYSFS_NODE_DIR};

@@ -61,7 +61,48 @@ impl Drop for TidSlot {
     fn drop(&mut self) {
         if let Some(id) = self.0.take() {
             release(id);
+            clear_exit_key();
         }
+    }
+}
+
+/// A pthread key whose value is non-null while the thread holds an id: the second way an id
+/// goes back. A thread whose first call is made from a pthread key destructor (at thread exit,
+/// after the thread-locals' destructors ran) registers `TID`'s destructor too late for it to
+/// ever run; glibc runs key destructors again, up to `PTHREAD_DESTRUCTOR_ITERATIONS` rounds,
+/// while keys still have values, so setting this key there makes the next round release it.
+static EXIT_KEY: std::sync::OnceLock<Option<libc::pthread_key_t>> = std::sync::OnceLock::new();
+
+extern "C" fn exit_key_dtor(_value: *mut libc::c_void) {
+    // The slot is still readable when its own destructor has not run (that is the case this
+    // key exists for); if it has run, it released the id and cleared this key already.
+    if let Ok(Some(id)) = TID.try_with(|slot| slot.0.take()) {
+        release(id);
+    }
+}
+
+fn exit_key() -> Option<libc::pthread_key_t> {
+    *EXIT_KEY.get_or_init(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is a valid out-pointer; the destructor is an `extern "C"` fn that never
+        // unwinds (it only touches a thread-local with try_with and a mutex).
+        (unsafe { libc::pthread_key_create(&mut key, Some(exit_key_dtor)) } == 0).then_some(key)
+    })
+}
+
+fn set_exit_key() {
+    if let Some(key) = exit_key() {
+        // SAFETY: a key created by exit_key; the value is only a non-null marker.
+        unsafe {
+            libc::pthread_setspecific(key, std::ptr::NonNull::<u8>::dangling().as_ptr().cast())
+        };
+    }
+}
+
+fn clear_exit_key() {
+    if let Some(Some(key)) = EXIT_KEY.get() {
+        // SAFETY: a key created by exit_key.
+        unsafe { libc::pthread_setspecific(*key, std::ptr::null()) };
     }
 }
 
@@ -73,8 +114,10 @@ thread_local! {
 
 /// The calling thread's dense id, allocating it (lowest free id) on first use.
 ///
-/// The id is released automatically when the thread exits. The main thread's id is never
-/// released (its thread-locals are not destroyed), which is harmless.
+/// The id is released automatically when the thread exits, also when the thread's first call
+/// is made from a pthread key destructor at its exit (a pthread key of this module releases
+/// it then). The main thread's id is never released (its thread-locals are not destroyed),
+/// which is harmless.
 ///
 /// # Errors
 ///
@@ -87,6 +130,7 @@ pub fn try_tid() -> Result<usize, NumaError> {
         None => {
             let id = allocate()?;
             slot.0.set(Some(id));
+            set_exit_key();
             Ok(id)
         }
     })
@@ -182,6 +226,31 @@ mod tests {
             assert_eq!(thread::spawn(tid).join().unwrap(), first);
         }
         assert_eq!(live_threads(), before);
+    }
+
+    /// A pthread key destructor that makes the thread's first `try_tid` call (at thread exit,
+    /// after the thread-locals' destructors ran) must not keep the id for ever.
+    #[test]
+    fn an_id_first_taken_in_a_key_destructor_is_given_back() {
+        extern "C" fn first_call_at_exit(_value: *mut libc::c_void) {
+            assert!(try_tid().is_ok());
+        }
+        let _guard = TEST_LOCK.lock();
+        let before = live_threads();
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: a valid out-pointer and an extern "C" destructor.
+        assert_eq!(unsafe { libc::pthread_key_create(&mut key, Some(first_call_at_exit)) }, 0);
+        for _ in 0..50 {
+            thread::spawn(move || {
+                // SAFETY: a key created above; the value is only a non-null marker.
+                unsafe { libc::pthread_setspecific(key, 8 as *const libc::c_void) };
+            })
+            .join()
+            .unwrap();
+        }
+        // SAFETY: the key created above, no longer set by any live thread.
+        unsafe { libc::pthread_key_delete(key) };
+        assert_eq!(live_threads(), before, "ids taken in key destructors were never given back");
     }
 
     #[test]

@@ -15,6 +15,11 @@ use crate::error::NumaError;
 /// caps `NR_CPUS` at 8192 on x86).
 pub const MAX_CPUS: usize = 1 << 16;
 
+/// The most nodes a topology may have: the pool's limit on node files (1..=256), and a bound
+/// on the per-node tables a caller's node count sizes (`with_nodes(1 << 50)` is refused, not an
+/// allocation failure).
+pub const MAX_NODES: usize = 256;
+
 /// Where the kernel describes the NUMA nodes.
 pub const SYSFS_NODE_DIR: &str = "/sys/devices/system/node";
 
@@ -213,6 +218,9 @@ impl Topology {
         if nodes == 0 {
             return Err(NumaError::NoNodes);
         }
+        if nodes > MAX_NODES {
+            return Err(NumaError::TooManyNodes { nodes, max: MAX_NODES });
+        }
         if cpus.is_empty() {
             return Err(NumaError::NoCpus);
         }
@@ -242,10 +250,14 @@ impl Topology {
     ///
     /// # Errors
     ///
-    /// [`NumaError::NoNodes`] if `n == 0`.
+    /// [`NumaError::NoNodes`] if `n == 0`, [`NumaError::TooManyNodes`] if `n` is above
+    /// [`MAX_NODES`] (checked before anything is sized by `n`).
     pub fn with_nodes(n: usize) -> Result<Topology, NumaError> {
         if n == 0 {
             return Err(NumaError::NoNodes);
+        }
+        if n > MAX_NODES {
+            return Err(NumaError::TooManyNodes { nodes: n, max: MAX_NODES });
         }
         let detected = Topology::detect();
         let with_cpus: Vec<Node> =
@@ -472,6 +484,18 @@ mod tests {
         assert!(matches!(Topology::from_sysfs(garbage.path()), Err(NumaError::BadCpuList { .. })));
         let cpuless = fake_sysfs(&[("node0", Some("\n"))]);
         assert!(matches!(Topology::from_sysfs(cpuless.path()), Err(NumaError::NoCpus)));
+    }
+
+    #[test]
+    fn node_counts_above_the_limit_are_refused_before_any_table_is_sized() {
+        for n in [MAX_NODES + 1, 1 << 50, usize::MAX] {
+            assert!(matches!(
+                Topology::with_nodes(n),
+                Err(NumaError::TooManyNodes { nodes, max: MAX_NODES }) if nodes == n
+            ));
+            assert!(matches!(Topology::emulated(n, &[0]), Err(NumaError::TooManyNodes { .. })));
+        }
+        assert_eq!(Topology::with_nodes(MAX_NODES).unwrap().node_count(), MAX_NODES);
     }
 
     #[test]

@@ -299,7 +299,8 @@ struct Open {
 }
 
 /// An open numakv store (`Store.create` / `Store.open`; use it in a `with` block or call
-/// `close()`; a store collected while open is closed then, with a `ResourceWarning`).
+/// `close()`; a store collected while open is closed then, with a `ResourceWarning`, or, when
+/// scan iterators of it are still open, by the last of them to end or be collected).
 #[pyclass(module = "numakv._native", name = "Store", frozen)]
 struct PyStore {
     open: Mutex<Option<Open>>,
@@ -308,8 +309,9 @@ struct PyStore {
     engine: String,
     kind_name: &'static str,
     nodes: usize,
-    /// Scan iterators alive (not closed, not collected).
-    iters: Arc<AtomicUsize>,
+    /// Scan iterators alive (not closed, not collected), and the store they close when it was
+    /// collected before them.
+    iters: Arc<Iters>,
     generation: u64,
     pid: u32,
 }
@@ -328,7 +330,7 @@ impl PyStore {
             engine,
             kind_name,
             nodes,
-            iters: Arc::new(AtomicUsize::new(0)),
+            iters: Arc::new(Iters { open: AtomicUsize::new(0), orphan: Mutex::new(None) }),
             generation: fork_generation(),
             pid: std::process::id(),
         }
@@ -354,7 +356,7 @@ impl PyStore {
         let open = self.open.lock().map_err(|_| exc(Exc::Base, "store lock poisoned"))?;
         match open.as_ref() {
             Some(o) => {
-                self.iters.fetch_add(1, Ordering::AcqRel);
+                self.iters.open.fetch_add(1, Ordering::AcqRel);
                 Ok(o.kind.clone())
             }
             None => Err(exc(Exc::Closed, "the store is closed")),
@@ -385,7 +387,7 @@ impl PyStore {
         if open.is_none() {
             return Ok(None);
         }
-        let n = self.iters.load(Ordering::Acquire);
+        let n = self.iters.open.load(Ordering::Acquire);
         if n > 0 {
             return Err(exc(
                 Exc::Busy,
@@ -396,6 +398,38 @@ impl PyStore {
             ));
         }
         Ok(open.take().map(|o| o.kind))
+    }
+}
+
+/// The open scan iterators of a store, and the store itself once the `Store` object was
+/// collected while some were open: the last iterator to go then closes it (cleanly), rather
+/// than its drop ending the store as a crash.
+struct Iters {
+    open: AtomicUsize,
+    orphan: Mutex<Option<Kind>>,
+}
+
+impl Iters {
+    /// The collected `Store`'s store: kept for the last iterator when one is open (`None`
+    /// returned), else given back to be closed now. Under `orphan`'s lock, as
+    /// [`release`](Self::release), so exactly one of them closes it.
+    fn adopt(&self, kind: Kind) -> Option<Kind> {
+        let mut orphan = self.orphan.lock().unwrap_or_else(|p| p.into_inner());
+        if self.open.load(Ordering::Acquire) > 0 {
+            *orphan = Some(kind);
+            return None;
+        }
+        Some(kind)
+    }
+
+    /// One iterator fewer (its store reference already dropped); the orphaned store when this
+    /// was the last one.
+    fn release(&self) -> Option<Kind> {
+        let mut orphan = self.orphan.lock().unwrap_or_else(|p| p.into_inner());
+        if self.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            return orphan.take();
+        }
+        None
     }
 }
 
@@ -423,6 +457,19 @@ fn close_when_alone<T>(
             }
         }
     }
+}
+
+/// A count or index from Python: an int in `0..=usize::MAX`; a negative or too large one is
+/// `InvalidArgument` (not `OverflowError`), anything but an int a `TypeError`.
+fn int_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    if !obj.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} is an int, not {}",
+            obj.get_type().name()?
+        )));
+    }
+    obj.extract::<usize>()
+        .map_err(|_| exc(Exc::Invalid, format!("{what}={obj}: out of range (a count from 0)")))
 }
 
 fn parse_capacity(c: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -478,19 +525,20 @@ fn topology_for(nodes: usize) -> PyResult<Arc<numakv_numa::Topology>> {
 
 #[pymethods]
 impl PyStore {
-    /// Creates a store in the new directory `dir` with `engine`, `nodes` NUMA nodes (emulated
-    /// where the machine has fewer; bound to the real ones otherwise), persistence `mode`
+    /// Creates a store in the new directory `dir` with `engine`, `nodes` NUMA nodes (1..=256,
+    /// else InvalidArgument; emulated where the machine has fewer, bound to the real ones
+    /// otherwise), persistence `mode`
     /// ('adr' or 'eadr'), `capacity` per node (bytes as an int, or '1G'), integer or `bytes`
     /// keys, `accounting` / `latency` ('none', 'optane') session knobs and engine options as
     /// keywords (`leaf_slots=64`).
     #[staticmethod]
-    #[pyo3(signature = (dir, engine = "fastfair", nodes = 1, mode = "adr", capacity = None, bytes = false, accounting = None, latency = None, **options))]
+    #[pyo3(signature = (dir, engine = "fastfair", nodes = None, mode = "adr", capacity = None, bytes = false, accounting = None, latency = None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
         dir: std::path::PathBuf,
         engine: &str,
-        nodes: usize,
+        nodes: Option<&Bound<'_, PyAny>>,
         mode: &str,
         capacity: Option<&Bound<'_, PyAny>>,
         bytes: bool,
@@ -499,6 +547,13 @@ impl PyStore {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyStore> {
         let kind: EngineKind = engine.parse().map_err(to_py)?;
+        let nodes = nodes.map(|n| int_arg(n, "nodes")).transpose()?.unwrap_or(1);
+        if !(1..=numakv_numa::MAX_NODES).contains(&nodes) {
+            return Err(exc(
+                Exc::Invalid,
+                format!("nodes={nodes}: a store has 1..={} nodes", numakv_numa::MAX_NODES),
+            ));
+        }
         let mut opts = Options::default().nodes(nodes);
         opts = opts.mode(match mode {
             "adr" => PersistMode::Adr,
@@ -690,9 +745,11 @@ impl PyStore {
         self.keys()
     }
 
-    /// `len(store)`: the number of pairs, counted by a full scan (O(n)).
+    /// `len(store)`: the number of pairs, counted by a full scan (O(n)); a call like any other
+    /// (`close()` from another thread waits for it; it is not an open scan iterator).
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let mut it = self.iterate(None, None, None, None, Yield::Count)?;
+        // Not a scan iterator of the caller's: a call, which close() waits for, not counted.
+        let mut it = self.iterate_as(None, None, None, None, Yield::Count, false)?;
         let mut n = 0;
         while it.fetch(py)? {
             n += it.buffered();
@@ -753,8 +810,9 @@ impl PyStore {
     /// InvalidArgument) for placement and accounting; `pin=True` also restricts the thread to
     /// the node's CPUs. The node is the thread's, for every store.
     #[pyo3(signature = (node, pin = false))]
-    fn set_thread_node(&self, node: usize, pin: bool) -> PyResult<()> {
+    fn set_thread_node(&self, node: &Bound<'_, PyAny>, pin: bool) -> PyResult<()> {
         self.kind()?;
+        let node = int_arg(node, "node")?;
         if node >= self.nodes {
             return Err(exc(
                 Exc::Invalid,
@@ -837,14 +895,10 @@ impl Drop for PyStore {
                 // A warning turned into an error (-W error): report it, the store is closed anyway.
                 e.write_unraisable(py, None);
             }
-            // Iterators hold the store too; close waits for nothing but in-flight calls, so
-            // only close when this is the last reference (else the last iterator's drop ends it
-            // as a crash; the next open recovers).
-            let result = py.allow_threads(|| match o.kind {
-                Kind::Int(s) => Arc::try_unwrap(s).ok().map(|s| s.close()),
-                Kind::Bytes(s) => Arc::try_unwrap(s).ok().map(|s| s.close()),
-            });
-            if let Some(Err(e)) = result {
+            // Open iterators hold the store too: the last of them closes it then. Otherwise
+            // close now (waiting only for calls in flight on other threads).
+            let Some(kind) = self.iters.adopt(o.kind) else { return };
+            if let Err(e) = py.allow_threads(|| close_kind(kind)) {
                 to_py(e).write_unraisable(py, None);
             }
         });
@@ -935,12 +989,26 @@ impl PyStore {
         prefix: Option<&Bound<'_, PyAny>>,
         yields: Yield,
     ) -> PyResult<ScanIter> {
+        self.iterate_as(start, end, limit, prefix, yields, true)
+    }
+
+    /// As [`iterate`](Self::iterate); `counted` false for an iterator that lives only inside
+    /// one call (`len`), which `close()` waits for like any call instead of refusing.
+    fn iterate_as(
+        &self,
+        start: Option<&Bound<'_, PyAny>>,
+        end: Option<&Bound<'_, PyAny>>,
+        limit: Option<usize>,
+        prefix: Option<&Bound<'_, PyAny>>,
+        yields: Yield,
+        counted: bool,
+    ) -> PyResult<ScanIter> {
         let left = limit.unwrap_or(usize::MAX);
-        let kind = self.kind_counted()?;
+        let kind = if counted { self.kind_counted()? } else { self.kind()? };
         // Counted from here: `it` gives the count back if building the scan fails.
         let mut it = ScanIter {
             state: None,
-            counted: true,
+            counted,
             left,
             yields,
             iters: Arc::clone(&self.iters),
@@ -1121,7 +1189,7 @@ struct ScanIter {
     counted: bool,
     left: usize,
     yields: Yield,
-    iters: Arc<AtomicUsize>,
+    iters: Arc<Iters>,
     generation: u64,
     pid: u32,
 }
@@ -1129,13 +1197,21 @@ struct ScanIter {
 impl ScanIter {
     /// Gives the store back (once): the iterator is closed.
     fn release(&mut self) {
+        let forked = is_forked(self.generation);
         if let Some(state) = self.state.take() {
-            if is_forked(self.generation) {
+            if forked {
                 std::mem::forget(state); // the parent's store: never dropped in a child
             }
         }
         if std::mem::take(&mut self.counted) {
-            self.iters.fetch_sub(1, Ordering::AcqRel);
+            if let Some(kind) = self.iters.release() {
+                // The last iterator of a collected `Store`: close it as its drop would have.
+                if forked {
+                    std::mem::forget(kind);
+                } else if let Err(e) = close_kind(kind) {
+                    Python::with_gil(|py| to_py(e).write_unraisable(py, None));
+                }
+            }
         }
     }
 

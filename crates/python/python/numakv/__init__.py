@@ -12,7 +12,8 @@ Integer stores map ints in 1..2**64-2 to ints; bytes stores (``bytes=True``) map
 str, as UTF-8) keys of 1 B..1 KiB to values of up to 1 MiB, in byte order. A store is a mapping:
 ``k in s``, ``s[k]``, ``del s[k]``, ``s.get(k, default)``, ``len(s)`` and ordered ``for k in s``,
 ``keys()``, ``values()``, ``items()``. Close it (``with`` or ``close()``); one collected open is
-closed with a ``ResourceWarning``. A store belongs to the process that opened it: in a fork child
+closed with a ``ResourceWarning`` (if scan iterators of it are still open then, the last of them
+closes it when it ends or is collected). A store belongs to the process that opened it: in a fork child
 every call raises ``Forked``. ``numakv.bench.load``
 reads the benchmark driver's JSON.
 """
