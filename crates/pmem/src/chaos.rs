@@ -52,7 +52,8 @@ pub(crate) enum Site {
     Access,
     /// A flush or a fence.
     Persist,
-    /// A named pause point.
+    /// A named pause point (only built with the `failpoints` feature, which has them).
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     Pause,
 }
 
