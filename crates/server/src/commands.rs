@@ -495,9 +495,6 @@ fn run(view: &mut View<'_>, conn: &mut Conn, name: &str, a: &[&[u8]], out: &mut 
             _ => out.err("ERR wrong number of arguments for 'ping' command"),
         },
         "echo" => out.bulk(a[0]),
-        // A queued UNWATCH runs inside EXEC, after EXEC checked and dropped the watched keys:
-        // nothing is left to forget (Redis answers OK too).
-        "unwatch" => out.ok(),
         "get" => match view.get_into(a[0], &mut conn.scratch) {
             Ok(true) => out.bulk(&conn.scratch),
             Ok(false) => out.null(),
