@@ -37,6 +37,9 @@
 //!   never `v + 1`'s — so this is decided exactly, not by a checksum. Before the rollback the
 //!   torn slot is scrubbed to `v - 1`'s tag, so that the next write of that slot (version
 //!   `v + 1` again) cannot complete it with words left from the torn one.
+//! - version `v` durable but some words of the inactive slot already with `v + 1`'s tag (the
+//!   crash cut the rewrite before its version reached PM): the old value stands, and recovery
+//!   scrubs those words to `v - 1`'s tag for the same reason (the next write is `v + 1` again).
 //!
 //! Readers copy the active slot under the version's sequence lock (a slot is rewritten only
 //! after the version moved past it, and a reader re-checks the version after its copy).
@@ -299,6 +302,24 @@ impl<'g> CellRef<'g> {
         // ORDERING: recovery is single-threaded.
         let v = self.version.load_unaccounted(Ordering::Acquire);
         if self.decode(self.slot(v), tag(v), &mut scratch, true) {
+            // A rewrite to v + 1 may have been cut before its version reached PM while some
+            // of its slot's words did: version v stands, but those words carry v + 1's tag,
+            // and the next write of that slot is version v + 1 again — torn once more, it
+            // would be completed by them (a mix of two values passing for one). Scrub them.
+            let next = v.wrapping_add(1);
+            let inactive = self.slot(next);
+            let stale = (0..=self.words).any(|i| {
+                // SAFETY: i ≤ words, a word of this cell's inactive slot.
+                let w = unsafe { self.word(inactive, i) }.load(Ordering::Relaxed);
+                w & !PAYLOAD_MASK == tag(next)
+            });
+            if stale {
+                // SAFETY: nothing runs concurrently; the slot is the inactive one.
+                unsafe { self.encode(inactive, tag(v.wrapping_sub(1)), &[]) };
+                // PERSIST: no word of the inactive slot keeps v + 1's tag before anyone
+                // writes version v + 1.
+                pool.persist(inactive, 8 * (1 + self.words));
+            }
             return Ok(false);
         }
         let prev = v.wrapping_sub(1);
