@@ -495,9 +495,9 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&sample().to_json().unwrap()).unwrap();
         let run = v["runs"][0].as_object().unwrap();
         let keys: Vec<&str> = run.keys().map(String::as_str).collect();
-        // Every CSV column, plus the engine counters (JSON only).
+        // Every CSV column, plus the engine counters and the pools' page sizes (JSON only).
         let mut sorted_cols = COLUMNS.to_vec();
-        sorted_cols.push("counters");
+        sorted_cols.extend(["counters", "pool_huge_bytes", "pool_resident_bytes"]);
         sorted_cols.sort_unstable();
         // serde_json's map is sorted without the preserve_order feature: compare as sets.
         assert_eq!(keys, sorted_cols);

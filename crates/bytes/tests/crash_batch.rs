@@ -215,6 +215,8 @@ fn a_crash_at_every_fence_of_a_batch_nbtree_eadr() {
 
 #[test]
 fn bad_arguments_write_nothing() {
+    // Fail points are process-global: no other test's armed point fires in this one.
+    let _serial = Scenario::setup();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = shadow_create(dir.path(), PersistMode::Adr, 16 << 20);
     let before = populate(&b);
@@ -253,6 +255,8 @@ fn bad_arguments_write_nothing() {
 /// store as it was; the store stays usable.
 #[test]
 fn a_full_store_writes_nothing() {
+    // Fail points are process-global: no other test's armed point fires in this one.
+    let _serial = Scenario::setup();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = shadow_create(dir.path(), PersistMode::Adr, 8 << 20);
     let mut model = Model::new();
@@ -351,6 +355,9 @@ fn a_failed_write_rolls_the_batch_back() {
 /// writes is whole at the end, and the structure checks.
 #[test]
 fn batches_race_single_writes_of_the_same_prefixes() {
+    // Fail points are process-global: hold the scenario lock so that another test's armed
+    // `bytes.batch.apply` (an injected out-of-space) cannot fire in these batches.
+    let _serial = Scenario::setup();
     let pool = Pool::volatile(PoolConfig::new(numakv_bytes::engine_id::<FastFair>(), 64 << 20))
         .expect("pool");
     let b = Bytes::<FastFair>::create(pool, &Default::default()).expect("create");
