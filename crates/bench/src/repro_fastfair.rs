@@ -87,15 +87,16 @@ fn shares(keys: &[u64], threads: usize) -> Vec<&[u64]> {
 }
 
 /// One phase: every thread registered on the run's registry, then `op` over its share.
-/// Returns the wall time of the phase and the first error.
+/// Returns the wall time of the phase — from the first worker's start to the last one's end,
+/// timed by the workers themselves (the spawning thread may not run again until a worker is
+/// done, on a machine with as many cores as workers) — and the first error.
 fn phase(
     registry: &Registry,
     parts: &[&[u64]],
     op: &(dyn Fn(u64) -> numakv_index::Result<bool> + Sync),
 ) -> (f64, Option<String>) {
-    let barrier = std::sync::Barrier::new(parts.len() + 1);
-    let mut started = Instant::now();
-    let errors: Vec<Option<String>> = std::thread::scope(|s| {
+    let barrier = std::sync::Barrier::new(parts.len());
+    let results: Vec<(Instant, Instant, Option<String>)> = std::thread::scope(|s| {
         let handles: Vec<_> = parts
             .iter()
             .map(|part| {
@@ -103,22 +104,42 @@ fn phase(
                 s.spawn(move || {
                     let _reg = registry.register();
                     barrier.wait();
+                    let start = Instant::now();
+                    let mut err = None;
                     for &k in *part {
                         match op(k) {
                             Ok(true) => {}
-                            Ok(false) => return Some(format!("key {k}: not found or not new")),
-                            Err(e) => return Some(format!("key {k}: {e}")),
+                            Ok(false) => {
+                                err = Some(format!("key {k}: not found or not new"));
+                                break;
+                            }
+                            Err(e) => {
+                                err = Some(format!("key {k}: {e}"));
+                                break;
+                            }
                         }
                     }
-                    None
+                    (start, Instant::now(), err)
                 })
             })
             .collect();
-        barrier.wait();
-        started = Instant::now();
-        handles.into_iter().map(|h| h.join().unwrap_or(Some("worker panicked".into()))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    let now = Instant::now();
+                    (now, now, Some("worker panicked".into()))
+                })
+            })
+            .collect()
     });
-    (started.elapsed().as_secs_f64(), errors.into_iter().flatten().next())
+    let start = results.iter().map(|r| r.0).min();
+    let end = results.iter().map(|r| r.1).max();
+    let seconds = match (start, end) {
+        (Some(s), Some(e)) => e.duration_since(s).as_secs_f64(),
+        _ => 0.0,
+    };
+    (seconds, results.into_iter().find_map(|r| r.2))
 }
 
 /// Runs the protocol on every target and thread count.
