@@ -115,8 +115,12 @@ fn inner_merges_race_inner_migrations() {
     }
     let doomed = |k: u64| (1000..5000).contains(&k) && k % 20 != 0;
     let stop = AtomicBool::new(false);
+    // Migration attempts so far: the deleter waits for one after every 50 removes, so the
+    // two interleave whatever the scheduler does (on a loaded 2-core machine the migrator
+    // could otherwise not run at all before the deleter is done).
+    let attempts = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
-        let (t, stop) = (&t, &stop);
+        let (t, stop, attempts) = (&t, &stop, &attempts);
         s.spawn(move || {
             numakv_pmem::numa::set_current_node(1);
             let mut rng = Rng(0x5eed_1e7e);
@@ -128,6 +132,8 @@ fn inner_merges_race_inner_migrations() {
                 if t.migrate_node_of(k, level, target).unwrap() {
                     target ^= 1;
                 }
+                // ORDERING: Release; pairs with the deleter's Acquire (a count, nothing else).
+                attempts.fetch_add(1, Ordering::Release);
             }
         });
         s.spawn(move || {
@@ -142,8 +148,17 @@ fn inner_merges_race_inner_migrations() {
                 assert_eq!(out.first().map(|e| e.0), Some(k), "scan from kept key {k}: {out:?}");
             }
         });
-        for k in (1000..5000u64).filter(|&k| doomed(k)) {
+        for (i, k) in (1000..5000u64).filter(|&k| doomed(k)).enumerate() {
             assert!(t.remove(k).unwrap(), "remove {k}");
+            if i % 50 == 49 {
+                // ORDERING: Acquire; pairs with the migrator's Release.
+                let seen = attempts.load(Ordering::Acquire);
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                while attempts.load(Ordering::Acquire) < seen + 2 {
+                    assert!(std::time::Instant::now() < deadline, "the migrator made no progress");
+                    std::thread::yield_now();
+                }
+            }
         }
         stop.store(true, Ordering::Release);
     });
